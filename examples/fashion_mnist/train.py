@@ -1,0 +1,130 @@
+"""Train a small CNN on Fashion-MNIST with compressed gradient aggregation.
+
+One worker of a multi-worker run; start it with the launcher, for example::
+
+    tfcompress launch -n 2 -- python examples/fashion_mnist/train.py --compression fp16
+
+The only tfcompress-specific line is the strategy. The chief (worker 0) writes
+a JSON summary (accuracy, bytes per step, time per step) when ``--result`` is
+given; ``examples/fashion_mnist/demo.py`` runs this script once per compressor
+and prints the comparison table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+parser.add_argument("--compression", default="none", help="compressor name (tfcompress.compressors.available()) or 'none'")
+parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="compressor option, repeatable (e.g. dtype=bfloat16)")
+parser.add_argument("--keras", choices=["keras3", "tf_keras"], default="keras3")
+parser.add_argument("--epochs", type=int, default=2)
+parser.add_argument("--train-size", type=int, default=12000, help="training examples (0: all 60,000)")
+parser.add_argument("--batch-size", type=int, default=128, help="global batch size")
+parser.add_argument("--data", default=None, help="Fashion-MNIST directory (default: Debian's dataset-fashion-mnist)")
+parser.add_argument("--result", default=None, help="JSON file the chief writes its summary to")
+parser.add_argument("--seed", type=int, default=1)
+args = parser.parse_args()
+
+if args.keras == "tf_keras":
+    os.environ["TF_USE_LEGACY_KERAS"] = "1"
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+if args.keras == "tf_keras":
+    import tf_keras as keras  # noqa: E402
+else:
+    import keras  # noqa: E402
+
+import tfcompress  # noqa: E402
+
+options = dict(kv.split("=", 1) for kv in args.option)
+compression = None if args.compression == "none" else tfcompress.compressors.get(args.compression, **options)
+strategy = tfcompress.distribute.MultiWorkerMirroredStrategy(compression=compression)
+
+keras.utils.set_random_seed(args.seed)
+(x_train, y_train), (x_test, y_test) = tfcompress.data.load_fashion_mnist(
+    args.data, subset=args.train_size or None
+)
+
+
+def make_dataset(x, y, shuffle: bool) -> tf.data.Dataset:
+    ds = tf.data.Dataset.from_tensor_slices((x, y))
+    if shuffle:
+        ds = ds.shuffle(len(x), seed=args.seed, reshuffle_each_iteration=True)
+    ds = ds.batch(args.batch_size, drop_remainder=shuffle)
+    opts = tf.data.Options()
+    opts.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+    return ds.with_options(opts).prefetch(2)
+
+
+with strategy.scope():
+    model = keras.Sequential(
+        [
+            keras.Input((28, 28, 1)),
+            keras.layers.Conv2D(16, 3, activation="relu"),
+            keras.layers.MaxPooling2D(),
+            keras.layers.Conv2D(32, 3, activation="relu"),
+            keras.layers.MaxPooling2D(),
+            keras.layers.Flatten(),
+            keras.layers.Dense(64, activation="relu"),
+            keras.layers.Dense(10),
+        ]
+    )
+    model.compile(
+        optimizer=keras.optimizers.Adam(1e-3),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
+    )
+
+
+class LastEpochMeter(keras.callbacks.Callback):
+    """Wall time and collective traffic of the last epoch (earlier ones include tracing)."""
+
+    def on_epoch_begin(self, epoch, logs=None):
+        if epoch == self.params["epochs"] - 1:
+            tfcompress.distribute.reset_traffic_stats(strategy)
+            self.start = time.perf_counter()
+        self.batches = 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.batches += 1
+
+    def on_epoch_end(self, epoch, logs=None):
+        if epoch == self.params["epochs"] - 1:
+            self.seconds = time.perf_counter() - self.start
+            self.steps = self.batches
+            self.stats = tfcompress.distribute.traffic_stats(strategy)
+
+
+meter = LastEpochMeter()
+history = model.fit(
+    make_dataset(x_train, y_train, shuffle=True),
+    epochs=args.epochs,
+    callbacks=[meter],
+    verbose=2 if strategy.cluster_resolver.task_id == 0 else 0,
+)
+evaluation = model.evaluate(make_dataset(x_test, y_test, shuffle=False), verbose=0, return_dict=True)
+
+summary = {
+    "compression": repr(compression) if compression is not None else "none (exact)",
+    "keras": keras.__version__,
+    "workers": strategy.num_replicas_in_sync,
+    "test_accuracy": float(evaluation["accuracy"]),
+    "test_loss": float(evaluation["loss"]),
+    "train_loss": float(history.history["loss"][-1]),
+    "steps_measured": meter.steps,
+    "bytes_sent_per_step": meter.stats["bytes_sent"] / meter.steps,
+    "bytes_uncompressed_per_step": meter.stats["bytes_uncompressed"] / meter.steps,
+    "seconds_per_step": meter.seconds / meter.steps,
+    "parameters": int(sum(np.prod(w.shape) for w in model.trainable_weights)),
+}
+summary["compression_ratio"] = summary["bytes_uncompressed_per_step"] / summary["bytes_sent_per_step"]
+print(json.dumps(summary))
+if args.result and strategy.cluster_resolver.task_id == 0:
+    with open(args.result, "w") as f:
+        json.dump(summary, f, indent=2)

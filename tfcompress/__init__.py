@@ -1,0 +1,24 @@
+"""tfcompress: compressed gradient aggregation for ``tf.distribute``.
+
+Swap one line of a ``model.fit`` script::
+
+    strategy = tfcompress.distribute.MultiWorkerMirroredStrategy(
+        compression=tfcompress.compressors.FP16())
+
+Subpackages are imported on first attribute access so that the command line
+(``tfcompress launch``) starts without importing TensorFlow.
+"""
+
+import importlib
+
+__version__ = "0.1.0"
+
+__all__ = ["bench", "codecs", "compressors", "data", "distribute", "keras", "launch", "ops"]
+
+
+def __getattr__(name: str):
+    if name in __all__:
+        module = importlib.import_module(f"tfcompress.{name}")
+        globals()[name] = module
+        return module
+    raise AttributeError(f"module 'tfcompress' has no attribute {name!r}")

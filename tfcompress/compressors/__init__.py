@@ -1,0 +1,8 @@
+"""Gradient compressors: ``compress`` -> payload -> ``decompress``."""
+
+from tfcompress.compressors.base import Compressor, Payload, payload_nbytes
+from tfcompress.compressors.fp16 import FP16
+from tfcompress.compressors.identity import Identity
+from tfcompress.compressors.registry import available, get, register
+
+__all__ = ["Compressor", "FP16", "Identity", "Payload", "available", "get", "payload_nbytes", "register"]

@@ -1,0 +1,127 @@
+"""The compressor contract shared by every tfcompress compressor.
+
+A compressor turns one gradient tensor into a *payload*: a small dict of
+tensors that travels through TensorFlow's collectives, plus static metadata
+(the gradient's shape and dtype) that never leaves the worker. The
+cross-device ops choose the collective from one flag:
+
+* ``summable = True``: the sum of the workers' payloads is the payload of the
+  sum of their gradients (``compress`` is linear and every worker uses the
+  same encoding, e.g. Identity, FP16). Payload tensors go through the
+  collective all-reduce and ``decompress`` runs once on the sum.
+* ``summable = False``: payloads go through the collective all-gather (sizes
+  may differ per worker) and every worker decodes all of them and combines
+  them with ``aggregate`` (by default the sum of the decompressed tensors).
+
+State (error memories, shifts, bases) lives in ``tf.Variable``s listed by
+``variables`` so that ``tf.train.Checkpoint`` saves and restores it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+
+import tensorflow as tf
+
+__all__ = ["Compressor", "Payload", "payload_nbytes"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Payload:
+    """What one worker sends for one tensor.
+
+    Attributes:
+      tensors: name -> tensor, the only part that crosses the wire. Every
+        tensor has a known rank; only its first dimension may differ between
+        workers (variable-size payloads go through the all-gather path).
+      shape: static shape of the original tensor.
+      dtype: dtype of the original tensor.
+      dense_shape: dynamic shape of the original tensor (kept on the worker,
+        only needed when ``shape`` is not fully defined).
+    """
+
+    tensors: Mapping[str, tf.Tensor]
+    shape: tf.TensorShape
+    dtype: tf.DType
+    dense_shape: tf.Tensor | None = None
+
+    def replace(self, tensors: Mapping[str, tf.Tensor]) -> Payload:
+        """Returns the same payload metadata around other tensors (e.g. the sum)."""
+        return dataclasses.replace(self, tensors=dict(tensors))
+
+
+def payload_nbytes(payload: Payload) -> tf.Tensor:
+    """Number of bytes of ``payload`` that enter the collectives, as an int64 tensor."""
+    total = tf.constant(0, tf.int64)
+    for t in payload.tensors.values():
+        total += tf.size(t, out_type=tf.int64) * t.dtype.size
+    return total
+
+
+class Compressor:
+    """Base class of all compressors (see the module docstring for the contract).
+
+    Subclasses implement :meth:`compress` and :meth:`decompress` and set
+    :attr:`summable`. They declare the floating dtypes they accept in
+    :attr:`supported_dtypes`; other tensors are never handed to them.
+    """
+
+    #: True when the sum of payloads is the payload of the sum (all-reduce path).
+    summable: bool = False
+    #: Input dtypes this compressor accepts.
+    supported_dtypes: tuple[tf.DType, ...] = (tf.float16, tf.bfloat16, tf.float32, tf.float64)
+    #: Registry name (``tfcompress.compressors.get(name)``).
+    name: str = "compressor"
+
+    def compress(self, x: tf.Tensor) -> Payload:
+        """Encodes ``x`` into a payload (graph code: usable in ``tf.function``)."""
+        raise NotImplementedError
+
+    def decompress(self, payload: Payload) -> tf.Tensor:
+        """Decodes a payload into a tensor of the original shape and dtype."""
+        raise NotImplementedError
+
+    def aggregate(self, payloads: Sequence[Payload]) -> tf.Tensor:
+        """Combines the payloads of all workers into the sum of their tensors.
+
+        Used on the all-gather path. The default decodes each payload and sums
+        in the original dtype, in worker order, so every worker computes the
+        bit-identical result.
+        """
+        decoded = [self.decompress(p) for p in payloads]
+        return tf.add_n(decoded) if len(decoded) > 1 else decoded[0]
+
+    @property
+    def variables(self) -> tuple[tf.Variable, ...]:
+        """The compressor's state, saved by ``tf.train.Checkpoint``."""
+        return ()
+
+    def get_config(self) -> dict:
+        """Options that must match on every worker (checked when the strategy starts)."""
+        return {}
+
+    def _check_input(self, x: tf.Tensor) -> tf.Tensor:
+        x = tf.convert_to_tensor(x)
+        if x.dtype not in self.supported_dtypes:
+            raise TypeError(
+                f"{type(self).__name__} compresses floating tensors "
+                f"({', '.join(d.name for d in self.supported_dtypes)}); got a tensor of "
+                f"dtype {x.dtype.name}. Non-float tensors are reduced exactly by the "
+                "strategy and should not be passed to a compressor."
+            )
+        return x
+
+    def _metadata(self, x: tf.Tensor) -> dict:
+        dense_shape = None if x.shape.is_fully_defined() else tf.shape(x)
+        return {"shape": x.shape, "dtype": x.dtype, "dense_shape": dense_shape}
+
+    @staticmethod
+    def _restore_shape(flat: tf.Tensor, payload: Payload) -> tf.Tensor:
+        if payload.shape.is_fully_defined():
+            return tf.reshape(flat, payload.shape)
+        return tf.reshape(flat, payload.dense_shape)
+
+    def __repr__(self) -> str:
+        options = ", ".join(f"{k}={v!r}" for k, v in self.get_config().items())
+        return f"{type(self).__name__}({options})"

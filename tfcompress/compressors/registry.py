@@ -1,0 +1,61 @@
+"""Compressors by name: ``tfcompress.compressors.get("fp16", dtype="bfloat16")``."""
+
+from __future__ import annotations
+
+import inspect
+
+from tfcompress.compressors.base import Compressor
+from tfcompress.compressors.fp16 import FP16
+from tfcompress.compressors.identity import Identity
+
+__all__ = ["get", "available", "register"]
+
+_REGISTRY: dict[str, type[Compressor]] = {}
+
+
+def register(cls: type[Compressor]) -> type[Compressor]:
+    """Adds a compressor class to the registry under ``cls.name`` (usable as a decorator)."""
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+for _cls in (Identity, FP16):
+    register(_cls)
+
+
+def available() -> list[str]:
+    """Names accepted by :func:`get`, sorted."""
+    return sorted(_REGISTRY)
+
+
+def get(name: str | Compressor | None, **options) -> Compressor | None:
+    """Returns a compressor from its name and options.
+
+    Args:
+      name: a registry name (case-insensitive; ``"none"`` or ``None`` means no
+        compression), or a ``Compressor`` instance, returned as is.
+      **options: keyword options of the compressor's constructor.
+
+    Raises:
+      ValueError: for an unknown name (the message lists the valid names) or an
+        unknown option (the message lists the compressor's options).
+    """
+    if name is None or isinstance(name, Compressor):
+        if options:
+            raise ValueError("options are only accepted together with a compressor name")
+        return name
+    if not isinstance(name, str):
+        raise TypeError(f"compression must be a name or a Compressor, got {type(name).__name__}")
+    key = name.lower()
+    if key == "none":
+        return None
+    if key not in _REGISTRY:
+        raise ValueError(f"unknown compressor {name!r}; valid names: {available()}")
+    cls = _REGISTRY[key]
+    valid = [p for p in inspect.signature(cls.__init__).parameters if p != "self"]
+    unknown = sorted(set(options) - set(valid))
+    if unknown:
+        raise ValueError(
+            f"unknown option(s) {unknown} for compressor {name!r}; valid options: {valid}"
+        )
+    return cls(**options)

@@ -1,0 +1,25 @@
+"""Compressed aggregation for ``tf.distribute`` strategies."""
+
+from tfcompress.distribute.accounting import TrafficCounters
+from tfcompress.distribute.cross_device_ops import CompressingCollectiveAllReduce
+from tfcompress.distribute.policy import CompressionPolicy
+from tfcompress.distribute.strategy import (
+    MirroredStrategy,
+    MultiWorkerMirroredStrategy,
+    compression_of,
+    is_compressed_strategy,
+    reset_traffic_stats,
+    traffic_stats,
+)
+
+__all__ = [
+    "CompressingCollectiveAllReduce",
+    "CompressionPolicy",
+    "MirroredStrategy",
+    "MultiWorkerMirroredStrategy",
+    "TrafficCounters",
+    "compression_of",
+    "is_compressed_strategy",
+    "reset_traffic_stats",
+    "traffic_stats",
+]

@@ -1,0 +1,245 @@
+"""A collective all-reduce that compresses what the policy selects.
+
+The flow for the tensors of one aggregation on one replica::
+
+    gradients --policy--> exact tensors   --> TensorFlow's CollectiveAllReduce
+              \\-------> compress(g_i) --> summable?  all-reduce(payloads) --> decompress(sum)
+                                         \\-> else     all-gather(payloads)  --> aggregate(all)
+
+The transport is always TensorFlow's own collective ops (ring over gRPC on CPU,
+NCCL on GPU); tfcompress only changes what is handed to them.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from collections.abc import Sequence
+
+import tensorflow as tf
+
+from tfcompress.compressors.base import Compressor, Payload
+from tfcompress.distribute import _tf_internal as internal
+from tfcompress.distribute.accounting import TrafficCounters
+from tfcompress.distribute.policy import CompressionPolicy
+
+__all__ = ["CompressingCollectiveAllReduce"]
+
+# Collective group keys name a group in the process-wide collective executor,
+# which caches each instance's dtype and shape. Two in-process strategies over
+# the same devices would both start at group key 1 and collide, so each object
+# built without explicit keys gets its own range.
+_group_key_starts = itertools.count(start=10_000, step=1_000)
+
+
+class CompressingCollectiveAllReduce(internal.CollectiveAllReduce):
+    """``CollectiveAllReduce`` whose dense float tensors go through a compressor.
+
+    Args:
+      devices: local devices (one replica each).
+      group_size: number of replicas across all workers.
+      options: ``tf.distribute.experimental.CommunicationOptions``.
+      compressor: a :class:`~tfcompress.compressors.Compressor`, or ``None``
+        for exact aggregation (the traffic is still counted).
+      policy: a :class:`CompressionPolicy`; defaults to ``CompressionPolicy()``.
+      collective_keys: shared with the strategy's other collectives; by
+        default a fresh range of group keys unique in this process.
+      canonicalize_devices: as in ``CollectiveAllReduce``.
+    """
+
+    def __init__(
+        self,
+        devices: Sequence[str],
+        group_size: int,
+        options,
+        compressor: Compressor | None = None,
+        policy: CompressionPolicy | None = None,
+        collective_keys=None,
+        canonicalize_devices: bool = True,
+        counters: TrafficCounters | None = None,
+    ):
+        if collective_keys is None:
+            collective_keys = internal.new_collective_keys(next(_group_key_starts))
+        super().__init__(
+            devices,
+            group_size,
+            options,
+            collective_keys=collective_keys,
+            canonicalize_devices=canonicalize_devices,
+        )
+        self.compressor = compressor
+        self.policy = policy or CompressionPolicy()
+        self.counters = counters or TrafficCounters(self._devices[0])
+
+    def _all_reduce(self, reduce_op, value, replica_id, options):
+        flat_values = tf.nest.flatten(value, expand_composites=False)
+        compress_idx = [
+            i for i, v in enumerate(flat_values) if self.policy.should_compress(v, self.compressor)
+        ]
+        exact_idx = [i for i in range(len(flat_values)) if i not in set(compress_idx)]
+        results: list = [None] * len(flat_values)
+
+        if exact_idx:
+            exact_values = [flat_values[i] for i in exact_idx]
+            reduced = super()._all_reduce(reduce_op, exact_values, replica_id, options)
+            for i, r in zip(exact_idx, reduced, strict=True):
+                results[i] = r
+            self._count_exact(exact_values)
+        if compress_idx:
+            compressed_values = [flat_values[i] for i in compress_idx]
+            with tf.device(self._devices[replica_id]), tf.name_scope("tfcompress"):
+                reduced = self._compressed_sum(compressed_values, replica_id, options)
+                if reduce_op == internal.ReduceOp.MEAN:
+                    reduced = [r / tf.cast(self._group_size, r.dtype) for r in reduced]
+            for i, r in zip(compress_idx, reduced, strict=True):
+                results[i] = r
+        return tf.nest.pack_sequence_as(value, results)
+
+    # -- compressed path -------------------------------------------------------------------
+
+    def _compressed_sum(self, values: list, replica_id: int, options) -> list[tf.Tensor]:
+        """Sum over all replicas of ``values`` through compressed payloads."""
+        compressor = self.compressor
+        options = self._options.merge(options)
+        # Like TensorFlow, launch in reverse order: the last layers' gradients are
+        # ready first in backprop, so their collectives can start earliest.
+        order = list(reversed(range(len(values))))
+        payloads: dict[int, Payload] = {}
+        for i in order:
+            payloads[i] = compressor.compress(tf.convert_to_tensor(values[i]))
+
+        if compressor.summable:
+            summed = self._all_reduce_payloads([payloads[i] for i in order], replica_id, options)
+            decoded = {i: compressor.decompress(p) for i, p in zip(order, summed, strict=True)}
+        else:
+            gathered = self._all_gather_payloads([payloads[i] for i in order], replica_id, options)
+            decoded = {
+                i: compressor.aggregate(worker_payloads)
+                for i, worker_payloads in zip(order, gathered, strict=True)
+            }
+        self.counters.add(
+            bytes_uncompressed=sum(_nbytes(v) for v in values),
+            bytes_compressible=sum(_nbytes(v) for v in values),
+            aggregations=len(values),
+        )
+        return [decoded[i] for i in range(len(values))]
+
+    def _all_reduce_payloads(
+        self, payloads: list[Payload], replica_id: int, options
+    ) -> list[Payload]:
+        """All-reduces (sums) every payload tensor, batched per dtype."""
+        flat = [(k, p, name) for k, p in enumerate(payloads) for name in sorted(p.tensors)]
+        by_dtype: dict[tf.DType, list[int]] = {}
+        for pos, (_, p, name) in enumerate(flat):
+            by_dtype.setdefault(p.tensors[name].dtype, []).append(pos)
+        reduced: list = [None] * len(flat)
+        sent = tf.constant(0, tf.int64)
+        for positions in by_dtype.values():
+            tensors = [flat[pos][1].tensors[flat[pos][2]] for pos in positions]
+            sent += sum(_nbytes(t) for t in tensors)
+            packs = internal.group_by_size(tensors, options.bytes_per_pack)
+            outputs = internal.launcher_batch_all_reduce(self, replica_id, packs, options)
+            for pos, out in zip(positions, outputs, strict=True):
+                reduced[pos] = out
+        self.counters.add(bytes_sent=sent)
+        summed = [dict() for _ in payloads]
+        for (k, _, name), out in zip(flat, reduced, strict=True):
+            summed[k][name] = out
+        return [p.replace(t) for p, t in zip(payloads, summed, strict=True)]
+
+    def _all_gather_payloads(
+        self, payloads: list[Payload], replica_id: int, options
+    ) -> list[list[Payload]]:
+        """Gathers every replica's payloads: two collectives for the whole batch.
+
+        All payload tensors are serialised into one uint8 blob; a first
+        all-gather exchanges the per-tensor byte lengths, a second the blobs
+        padded to the longest one. Every replica then cuts the blobs at the same
+        offsets, so all of them decode identical payload lists.
+        """
+        parts = [(k, name) for k, p in enumerate(payloads) for name in sorted(p.tensors)]
+        tensors = [payloads[k].tensors[name] for k, name in parts]
+        byte_parts = [_to_bytes(t) for t in tensors]
+        lengths = tf.stack([tf.size(b, out_type=tf.int64) for b in byte_parts])
+        blob = tf.concat(byte_parts, axis=0)
+        all_lengths = internal.launcher_all_gather(self, replica_id, lengths, options)
+        all_lengths = tf.reshape(all_lengths, [self._group_size, len(parts)])
+        totals = tf.reduce_sum(all_lengths, axis=1)
+        # Collective gathers take 4- and 8-byte types only: the byte blob travels
+        # as int32 words, padded to the longest blob rounded up to a word.
+        longest = (tf.reduce_max(totals) + 3) // 4 * 4
+        padded = tf.pad(blob, [[0, longest - tf.size(blob, out_type=tf.int64)]])
+        words = tf.bitcast(tf.reshape(padded, [-1, 4]), tf.int32)
+        all_words = internal.launcher_all_gather(self, replica_id, words, options)
+        all_blobs = tf.reshape(tf.bitcast(all_words, tf.uint8), [self._group_size, -1])
+        self.counters.add(bytes_sent=_nbytes(lengths) + _nbytes(words))
+
+        gathered: list[list[Payload]] = [[] for _ in payloads]
+        for worker in range(self._group_size):
+            offsets = tf.concat([[0], tf.cumsum(all_lengths[worker])], axis=0)
+            worker_tensors: list[dict] = [dict() for _ in payloads]
+            for j, ((k, name), local) in enumerate(zip(parts, tensors, strict=True)):
+                raw = all_blobs[worker, offsets[j] : offsets[j + 1]]
+                worker_tensors[k][name] = _from_bytes(raw, local)
+            for k, p in enumerate(payloads):
+                gathered[k].append(p.replace(worker_tensors[k]))
+        return gathered
+
+    def _count_exact(self, values: list) -> None:
+        dense = [v for v in values if not internal.is_indexed_slices(v)]
+        sparse = [v for v in values if internal.is_indexed_slices(v)]
+        nbytes = sum((_nbytes(v) for v in dense), tf.constant(0, tf.int64))
+        for s in sparse:
+            nbytes += _nbytes(s.values) + _nbytes(s.indices)
+        self.counters.add(
+            bytes_sent=nbytes, bytes_uncompressed=nbytes, aggregations=len(values)
+        )
+
+    def __deepcopy__(self, memo):
+        return CompressingCollectiveAllReduce(
+            self._devices,
+            self._group_size,
+            self._options,
+            compressor=self.compressor,
+            policy=self.policy,
+            collective_keys=copy.deepcopy(self._collective_keys, memo),
+            canonicalize_devices=self._canonicalize_devices,
+            counters=self.counters,
+        )
+
+
+def _nbytes(t) -> tf.Tensor:
+    t = tf.convert_to_tensor(t)
+    return tf.size(t, out_type=tf.int64) * t.dtype.size
+
+
+def _to_bytes(t: tf.Tensor) -> tf.Tensor:
+    """Flattens ``t`` into its uint8 bytes (host byte order)."""
+    flat = tf.reshape(t, [-1])
+    if flat.dtype == tf.bool:
+        return tf.cast(flat, tf.uint8)
+    if flat.dtype == tf.uint8:
+        return flat
+    if flat.dtype.size == 1:
+        return tf.bitcast(flat, tf.uint8)
+    return tf.reshape(tf.bitcast(flat, tf.uint8), [-1])
+
+
+def _from_bytes(raw: tf.Tensor, like: tf.Tensor) -> tf.Tensor:
+    """Inverse of :func:`_to_bytes`, shaped like ``like`` except its first dimension.
+
+    Only the first dimension of a payload tensor may differ between workers
+    (the contract of ``Payload``), so it is inferred from the byte count.
+    """
+    dtype = like.dtype
+    if dtype == tf.bool:
+        flat = tf.cast(raw, tf.bool)
+    elif dtype == tf.uint8:
+        flat = raw
+    elif dtype.size == 1:
+        flat = tf.bitcast(raw, dtype)
+    else:
+        flat = tf.bitcast(tf.reshape(raw, [-1, dtype.size]), dtype)
+    if like.shape.rank == 0:
+        return tf.reshape(flat, [])
+    return tf.reshape(flat, [-1] + like.shape.as_list()[1:])

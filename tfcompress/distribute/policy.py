@@ -1,0 +1,53 @@
+"""Which tensors are compressed and which travel exactly."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import tensorflow as tf
+
+__all__ = ["CompressionPolicy"]
+
+_FLOAT_DTYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64)
+
+
+@dataclasses.dataclass(frozen=True)
+class CompressionPolicy:
+    """Decides per tensor whether it goes through the compressor.
+
+    A tensor is compressed when it is a dense floating tensor with a statically
+    known number of elements of at least ``min_size`` and the compressor accepts
+    its dtype. Everything else (losses, metrics, counters, integer tensors,
+    biases and other small tensors, ``IndexedSlices``) is reduced exactly as
+    TensorFlow does, by TensorFlow's own code path.
+
+    Args:
+      min_size: smallest number of elements worth compressing. Below it the
+        fixed costs (headers, norms, launch overheads) outweigh the savings.
+      max_size: optional upper bound (``None``: no bound).
+
+    Raises:
+      ValueError: when ``min_size`` < 1 or ``max_size`` < ``min_size``.
+    """
+
+    min_size: int = 1024
+    max_size: int | None = None
+
+    def __post_init__(self):
+        if int(self.min_size) < 1:
+            raise ValueError(f"CompressionPolicy(min_size={self.min_size}) must be >= 1")
+        if self.max_size is not None and self.max_size < self.min_size:
+            raise ValueError(
+                f"CompressionPolicy(max_size={self.max_size}) must be >= min_size={self.min_size}"
+            )
+
+    def should_compress(self, value, compressor) -> bool:
+        """True when ``value`` (a tensor, possibly symbolic) goes to ``compressor``."""
+        if compressor is None or not isinstance(value, tf.Tensor | tf.Variable):
+            return False
+        if value.dtype not in _FLOAT_DTYPES or value.dtype not in compressor.supported_dtypes:
+            return False
+        size = value.shape.num_elements()
+        if size is None or size < self.min_size:
+            return False
+        return self.max_size is None or size <= self.max_size

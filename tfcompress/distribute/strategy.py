@@ -1,0 +1,158 @@
+"""Strategy factories: TensorFlow's strategies with compressing cross-device ops."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import tensorflow as tf
+
+from tfcompress.compressors import registry
+from tfcompress.compressors.base import Compressor
+from tfcompress.distribute import _tf_internal as internal
+from tfcompress.distribute.cross_device_ops import CompressingCollectiveAllReduce
+from tfcompress.distribute.policy import CompressionPolicy
+from tfcompress.keras import _keras3_multiworker
+
+__all__ = [
+    "MirroredStrategy",
+    "MultiWorkerMirroredStrategy",
+    "compression_of",
+    "is_compressed_strategy",
+    "reset_traffic_stats",
+    "traffic_stats",
+]
+
+
+def _resolve(compression, policy) -> tuple[Compressor | None, CompressionPolicy]:
+    compressor = registry.get(compression)
+    if policy is None:
+        policy = CompressionPolicy()
+    elif isinstance(policy, int):
+        policy = CompressionPolicy(min_size=policy)
+    elif not isinstance(policy, CompressionPolicy):
+        raise TypeError(
+            f"policy must be a CompressionPolicy or a min_size int, got {type(policy).__name__}"
+        )
+    return compressor, policy
+
+
+def MultiWorkerMirroredStrategy(  # noqa: N802 - mirrors tf.distribute's class name
+    compression: Compressor | str | None = None,
+    cluster_resolver: tf.distribute.cluster_resolver.ClusterResolver | None = None,
+    communication_options: tf.distribute.experimental.CommunicationOptions | None = None,
+    policy: CompressionPolicy | int | None = None,
+) -> tf.distribute.MultiWorkerMirroredStrategy:
+    """A ``tf.distribute.MultiWorkerMirroredStrategy`` that compresses gradients.
+
+    The returned object *is* TensorFlow's strategy (``isinstance`` holds, and
+    ``TF_CONFIG`` or ``cluster_resolver`` describe the cluster as usual); only
+    its cross-device ops are replaced by
+    :class:`~tfcompress.distribute.CompressingCollectiveAllReduce`.
+
+    Args:
+      compression: a compressor, a registry name (``"fp16"``), or ``None``
+        for exact aggregation (traffic is still counted).
+      cluster_resolver: as in TensorFlow.
+      communication_options: as in TensorFlow (implementation, timeout,
+        bytes per pack); they apply to the compressed payloads too.
+      policy: which tensors are compressed; a ``CompressionPolicy`` or an int
+        ``min_size``. Default: dense float tensors with >= 1024 elements.
+
+    Returns:
+      The strategy, ready for ``with strategy.scope(): ...``.
+
+    Example::
+
+        strategy = tfcompress.distribute.MultiWorkerMirroredStrategy(
+            compression=tfcompress.compressors.FP16())
+    """
+    compressor, policy = _resolve(compression, policy)
+    strategy = tf.distribute.MultiWorkerMirroredStrategy(
+        cluster_resolver=cluster_resolver, communication_options=communication_options
+    )
+    _install(strategy, compressor, policy)
+    return strategy
+
+
+def MirroredStrategy(  # noqa: N802 - mirrors tf.distribute's class name
+    devices: Sequence[str] | None = None,
+    compression: Compressor | str | None = None,
+    policy: CompressionPolicy | int | None = None,
+    communication_options: tf.distribute.experimental.CommunicationOptions | None = None,
+) -> tf.distribute.MirroredStrategy:
+    """A ``tf.distribute.MirroredStrategy`` over local devices that compresses gradients.
+
+    Aggregation uses TensorFlow's collective all-reduce between the local
+    devices (the same code path as across workers), with the compressor in
+    front of it.
+
+    Args:
+      devices: device names; default all local GPUs, else the CPU.
+      compression: a compressor, a registry name, or ``None``.
+      policy: as in :func:`MultiWorkerMirroredStrategy`.
+      communication_options: collective options.
+
+    Returns:
+      The strategy.
+    """
+    compressor, policy = _resolve(compression, policy)
+    if devices is None:
+        gpus = tf.config.list_logical_devices("GPU")
+        devices = [d.name for d in gpus] or ["/device:CPU:0"]
+    devices = list(devices)
+    options = communication_options or tf.distribute.experimental.CommunicationOptions()
+    cross_ops = CompressingCollectiveAllReduce(
+        devices,
+        group_size=len(devices),
+        options=options,
+        compressor=compressor,
+        policy=policy,
+    )
+    strategy = tf.distribute.MirroredStrategy(devices=devices, cross_device_ops=cross_ops)
+    strategy._tfcompress_compression = compressor  # pylint: disable=protected-access
+    return strategy
+
+
+def _install(strategy, compressor, policy) -> None:
+    old = internal.cross_device_ops_of(strategy)
+    new = CompressingCollectiveAllReduce(
+        compressor=compressor, policy=policy, **internal.collective_init_args(old)
+    )
+    internal.replace_cross_device_ops(strategy, new)
+    strategy._tfcompress_compression = compressor  # pylint: disable=protected-access
+    # Keras 3's multi-worker fit needs a fix (keras-team/keras#20585); it only
+    # acts on strategies made here.
+    _keras3_multiworker.install()
+
+
+def is_compressed_strategy(strategy) -> bool:
+    """True when ``strategy`` was made by a tfcompress factory."""
+    return hasattr(strategy, "_tfcompress_compression")
+
+
+def compression_of(strategy) -> Compressor | None:
+    """The compressor of a tfcompress strategy (``None`` for exact aggregation)."""
+    if not is_compressed_strategy(strategy):
+        raise ValueError("not a tfcompress strategy (use tfcompress.distribute.*Strategy)")
+    return strategy._tfcompress_compression  # pylint: disable=protected-access
+
+
+def _counters(strategy):
+    if not is_compressed_strategy(strategy):
+        raise ValueError("not a tfcompress strategy (use tfcompress.distribute.*Strategy)")
+    return strategy.extended._cross_device_ops.counters  # pylint: disable=protected-access
+
+
+def traffic_stats(strategy) -> dict[str, int]:
+    """Cumulative traffic of this worker's aggregations (see ``TrafficCounters``).
+
+    Returns:
+      ``bytes_sent``, ``bytes_uncompressed``, ``bytes_compressible`` and
+      ``aggregations``, summed over this worker's local replicas.
+    """
+    return _counters(strategy).read()
+
+
+def reset_traffic_stats(strategy) -> None:
+    """Sets this worker's traffic counters to zero."""
+    _counters(strategy).reset()

@@ -1,0 +1,167 @@
+"""Version-guarded fix for Keras 3 ``model.fit`` under MultiWorkerMirroredStrategy.
+
+Upstream bug (keras-team/keras#20585, tensorflow/tensorflow#72388), present in
+the Keras versions listed in ``PATCHED_SOURCES``:
+
+1. ``TensorFlowTrainer._maybe_symbolic_build`` calls ``strategy.reduce`` on the
+   whole (x, y) batch structure, a tuple of ``PerReplica`` values, which
+   ``strategy.reduce`` cannot take ("Attempt to convert a value (PerReplica...)").
+   The batch is only used to build the model's shapes, so the fix takes this
+   worker's first local replica batch (no collective at all).
+2. ``reduce_per_replica(..., "mean")`` reduces every log value with
+   ``strategy.reduce("MEAN", v, axis=0)``; losses and metric results are
+   scalars, which have no axis 0. The fix reduces scalars with ``axis=None``.
+
+The patch is installed when a tfcompress strategy is created, and the patched
+functions delegate to the originals for every strategy that tfcompress did not
+create, so plain Keras behaviour is untouched. The exact upstream source of both
+functions is pinned by hash: if a new Keras changes them, the patch is not
+applied (a warning says so) and ``tests/keras/test_keras3_multiworker.py`` fails,
+so that someone re-checks whether the bug is still there.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import logging
+import warnings
+
+__all__ = ["PATCHED_SOURCES", "install", "is_installed", "source_hashes"]
+
+_log = logging.getLogger(__name__)
+
+#: sha256 of the upstream source of each patched function, per checked Keras version.
+PATCHED_SOURCES = {
+    "TensorFlowTrainer._maybe_symbolic_build": {
+        "3.15.1": "92a504f5eba9b29f81f1bf26180bdd5bf5186b06b7bda426534b90d2d02bc1c2",
+    },
+    "reduce_per_replica": {
+        "3.15.1": "2e7d54b1e6edc29a8c6a7e6b66cd4c8be3ba7842412c93753ac3afe169fa7fb8",
+    },
+}
+
+_installed = False
+_apply_to_all_strategies = False
+
+
+def _trainer_module():
+    from keras.src.backend.tensorflow import trainer  # noqa: PLC0415 - Keras 3 only
+
+    return trainer
+
+
+def source_hashes() -> dict[str, str]:
+    """sha256 of the installed Keras' source of each function the fix replaces."""
+    trainer = _trainer_module()
+    originals = {
+        "TensorFlowTrainer._maybe_symbolic_build": getattr(
+            trainer.TensorFlowTrainer._maybe_symbolic_build, "__tfcompress_original__",
+            trainer.TensorFlowTrainer._maybe_symbolic_build,
+        ),
+        "reduce_per_replica": getattr(
+            trainer.reduce_per_replica, "__tfcompress_original__", trainer.reduce_per_replica
+        ),
+    }
+    return {
+        name: hashlib.sha256(inspect.getsource(fn).encode()).hexdigest()
+        for name, fn in originals.items()
+    }
+
+
+def _is_tfcompress_multiworker(strategy) -> bool:
+    from tfcompress.distribute.strategy import is_compressed_strategy  # noqa: PLC0415
+
+    import tensorflow as tf  # noqa: PLC0415
+
+    return (
+        strategy is not None
+        and (_apply_to_all_strategies or is_compressed_strategy(strategy))
+        and isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
+        and strategy.extended._in_multi_worker_mode()  # pylint: disable=protected-access
+    )
+
+
+def is_installed() -> bool:
+    """True when the fix is active in this process."""
+    return _installed
+
+
+def install(all_strategies: bool = False) -> bool:
+    """Installs the fix if Keras 3 is importable and its code is the checked one.
+
+    Args:
+      all_strategies: also fix plain ``tf.distribute.MultiWorkerMirroredStrategy``
+        objects (by default only strategies made by tfcompress are touched).
+
+    Returns:
+      True when the fix is (now or already) installed.
+    """
+    global _installed, _apply_to_all_strategies
+    _apply_to_all_strategies = _apply_to_all_strategies or all_strategies
+    if _installed:
+        return True
+    try:
+        import keras  # noqa: PLC0415
+
+        trainer = _trainer_module()
+    except ImportError:
+        return False
+    version = keras.__version__
+    hashes = source_hashes()
+    mismatched = [
+        name for name, h in hashes.items() if h not in PATCHED_SOURCES[name].values()
+    ]
+    if mismatched:
+        warnings.warn(
+            f"tfcompress: Keras {version} changed {mismatched}; the Keras 3 multi-worker fit "
+            "fix (keras-team/keras#20585) was checked against Keras "
+            f"{sorted(PATCHED_SOURCES['reduce_per_replica'])} and is NOT applied. If "
+            "model.fit fails under MultiWorkerMirroredStrategy, use tf-keras "
+            "(TF_USE_LEGACY_KERAS=1) or a Keras version listed above.",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return False
+
+    import tensorflow as tf  # noqa: PLC0415
+    from keras.src import tree  # noqa: PLC0415
+
+    original_build = trainer.TensorFlowTrainer._maybe_symbolic_build
+    original_reduce = trainer.reduce_per_replica
+
+    def _maybe_symbolic_build(self, iterator=None, data_batch=None):
+        strategy = self._distribute_strategy
+        if iterator is None or not _is_tfcompress_multiworker(strategy):
+            return original_build(self, iterator=iterator, data_batch=data_batch)
+        for _, _, it in iterator:
+            batch = next(it)
+            data_batch = tree.map_structure(
+                lambda v: strategy.experimental_local_results(v)[0]
+                if isinstance(v, tf.distribute.DistributedValues)
+                else v,
+                batch,
+            )
+            break
+        with strategy.scope():
+            self._symbolic_build(data_batch=data_batch)
+
+    def reduce_per_replica(values, strategy, reduction):
+        if reduction not in ("auto", "mean") or not _is_tfcompress_multiworker(strategy):
+            return original_reduce(values, strategy, reduction)
+
+        def _reduce(v):
+            if isinstance(v, tf.distribute.DistributedValues) or tf.is_tensor(v):
+                rank = v.values[0].shape.rank if hasattr(v, "values") else v.shape.rank
+                return strategy.reduce("MEAN", v, axis=None if rank == 0 else 0)
+            return v
+
+        return tree.map_structure(_reduce, values)
+
+    _maybe_symbolic_build.__tfcompress_original__ = original_build
+    reduce_per_replica.__tfcompress_original__ = original_reduce
+    trainer.TensorFlowTrainer._maybe_symbolic_build = _maybe_symbolic_build
+    trainer.reduce_per_replica = reduce_per_replica
+    _installed = True
+    _log.info("tfcompress: Keras %s multi-worker fit fix installed", version)
+    return True
