@@ -77,6 +77,14 @@ history = model.fit(dataset, epochs=args.epochs, verbose=2)
 evaluation = model.evaluate(dataset, verbose=0, return_dict=True)
 predictions = model.predict(x[:8], verbose=0)
 weights = [np.asarray(w) for w in model.get_weights()]
+# Loss and accuracy of the trained model on all the data, computed locally in
+# float32 without the strategy: the distributed evaluate must agree to float32
+# rounding (metrics are reduced exactly, never through the compressor).
+logits = model(x, training=False)
+local = {
+    "loss": float(keras.losses.SparseCategoricalCrossentropy(from_logits=True)(y, logits)),
+    "accuracy": float(np.mean(np.argmax(np.asarray(logits), axis=1) == y)),
+}
 stats = tfcompress.distribute.traffic_stats(strategy) if args.strategy == "tfcompress" else {}
 np.savez(
     os.path.join(args.out, f"worker{task}.npz"),
@@ -84,6 +92,7 @@ np.savez(
     history=json.dumps({k: [float(v) for v in vs] for k, vs in history.history.items()}),
     evaluation=json.dumps({k: float(v) for k, v in evaluation.items()}),
     predictions=predictions,
+    local=json.dumps(local),
     stats=json.dumps(stats),
 )
 print("worker", task, "done", history.history, file=sys.stderr)

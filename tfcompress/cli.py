@@ -1,0 +1,67 @@
+"""The ``tfcompress`` command.
+
+Each subcommand lives in its own module, which provides two functions:
+
+* ``configure_parser(parser: argparse.ArgumentParser) -> None`` adds its options;
+* ``run_from_args(args: argparse.Namespace) -> int`` runs it and returns the exit status.
+
+Adding a subcommand is one line in ``_SUBCOMMANDS``. Subcommand modules are imported
+on every invocation, so they import TensorFlow inside ``run_from_args``, never at
+module level: ``tfcompress launch`` must start at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+__all__ = ["main"]
+
+# (name, module, one-line help). The module's docstring becomes the subcommand's
+# description in ``tfcompress NAME --help``.
+_SUBCOMMANDS: tuple[tuple[str, str, str], ...] = (
+    ("launch", "tfcompress.launch.launcher", "run a command as N local TensorFlow workers"),
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Builds the parser of the ``tfcompress`` command with every subcommand.
+
+    Returns:
+        The parser; each subcommand's namespace carries its ``run_from_args`` as
+        ``run``.
+    """
+    parser = argparse.ArgumentParser(
+        prog="tfcompress",
+        description="Gradient compression for tf.distribute.MultiWorkerMirroredStrategy.",
+    )
+    subparsers = parser.add_subparsers(title="commands", dest="subcommand", required=True)
+    for name, module_name, summary in _SUBCOMMANDS:
+        module = importlib.import_module(module_name)
+        subparser = subparsers.add_parser(
+            name,
+            help=summary,
+            description=(module.__doc__ or summary).strip().splitlines()[0],
+        )
+        module.configure_parser(subparser)
+        subparser.set_defaults(run=module.run_from_args)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Runs the ``tfcompress`` command.
+
+    Args:
+        argv: Arguments after the program name; ``sys.argv[1:]`` when ``None``.
+
+    Returns:
+        The exit status.
+    """
+    args = build_parser().parse_args(sys.argv[1:] if argv is None else list(argv))
+    return args.run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,601 @@
+"""Run one command as N local TensorFlow workers, the way ``horovodrun -np N`` does.
+
+Each worker is a separate process on ``127.0.0.1`` with its own ``TF_CONFIG``, so a
+script written for ``tf.distribute.MultiWorkerMirroredStrategy`` runs unchanged on
+one machine::
+
+    tfcompress launch -n 2 --timeout 600 -- python train.py --epochs 1
+
+The launcher streams every worker's output live, prefixed with ``[worker i] ``, keeps
+each worker's full log, and never leaves a worker behind: when one worker fails, the
+run times out, or the launcher itself is interrupted, every worker's process group is
+sent SIGTERM and, after a grace period, SIGKILL.
+
+This module must not import TensorFlow: ``tfcompress launch`` should start at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from typing import IO, TextIO
+
+__all__ = [
+    "DEFAULT_GRACE_PERIOD",
+    "TIMEOUT_EXIT_CODE",
+    "LaunchResult",
+    "configure_parser",
+    "free_ports",
+    "launch",
+    "make_tf_config",
+    "run_from_args",
+]
+
+LOCALHOST = "127.0.0.1"
+
+#: Seconds between SIGTERM and SIGKILL when the launcher stops a worker.
+DEFAULT_GRACE_PERIOD = 5.0
+
+#: Exit code of a timed-out run, as GNU ``timeout`` uses it.
+TIMEOUT_EXIT_CODE = 124
+
+# How often the supervising loop looks at the workers. Short enough that a failure
+# stops the others promptly, long enough to cost nothing.
+_POLL_INTERVAL = 0.05
+
+# Reader threads finish once every writer of a pipe is gone. A worker's descendant that
+# left the process group (setsid) could hold a pipe open forever; don't wait for it.
+_READER_JOIN_TIMEOUT = 5.0
+
+# Bound on waiting for SIGKILLed process groups to empty.
+_GROUP_EXIT_TIMEOUT = 2.0
+
+
+class _CurrentStdout:
+    """Default ``stream``: ``sys.stdout`` as it is when :func:`launch` is called.
+
+    Looked up at call time rather than at import, so that pytest's capture, or any
+    other replacement of ``sys.stdout``, receives the echo.
+    """
+
+    def __repr__(self) -> str:
+        return "sys.stdout"
+
+
+_CURRENT_STDOUT = _CurrentStdout()
+
+
+@dataclasses.dataclass
+class LaunchResult:
+    """What happened to a launched run.
+
+    Attributes:
+        returncode: Exit status of the run, shell style: 0 when every worker exited 0;
+            the code of the first worker that failed (``128 + n`` when signal ``n``
+            killed it); 124 (``TIMEOUT_EXIT_CODE``) on timeout.
+        worker_returncodes: Each worker's own exit code as ``subprocess`` reports it
+            (negative for a signal), or ``None`` for a worker the launcher had to stop
+            because another failed, the run timed out, or the launcher was interrupted.
+        logs: Each worker's full output, stdout and stderr interleaved.
+        timed_out: Whether the run was stopped by its timeout.
+        failed_worker: Index of the worker whose failure ended the run, if any.
+        timeout: The timeout the run had, in seconds.
+        worker_pids: Process id of each worker (also its process group id).
+    """
+
+    returncode: int
+    worker_returncodes: list[int | None]
+    logs: list[str]
+    timed_out: bool = False
+    failed_worker: int | None = None
+    timeout: float | None = None
+    worker_pids: list[int] = dataclasses.field(default_factory=list)
+
+    @property
+    def stopped_workers(self) -> list[int]:
+        """Indices of the workers the launcher stopped before they exited."""
+        return [i for i, code in enumerate(self.worker_returncodes) if code is None]
+
+    @property
+    def error(self) -> str | None:
+        """One line saying why the run failed, or ``None`` if it succeeded."""
+        if self.timed_out:
+            return (
+                f"timed out after {self.timeout:g} s; workers still running: {self.stopped_workers}"
+            )
+        if self.failed_worker is not None:
+            code = self.worker_returncodes[self.failed_worker]
+            return (
+                f"worker {self.failed_worker} {_describe_exit(code)}; "
+                f"stopped workers: {self.stopped_workers}"
+            )
+        return None
+
+    def format_logs(self) -> str:
+        """Renders every worker's log under a header, for attaching to a test failure.
+
+        Returns:
+            The run's outcome on the first line, then one section per worker.
+        """
+        outcome = self.error or "all workers exited 0"
+        sections = [f"tfcompress launch: {outcome}"]
+        for index, (code, log) in enumerate(zip(self.worker_returncodes, self.logs, strict=True)):
+            status = "stopped by the launcher" if code is None else _describe_exit(code)
+            body = log if log else "(no output)\n"
+            if not body.endswith("\n"):
+                body += "\n"
+            sections.append(f"===== worker {index}: {status} =====\n{body}")
+        return "\n".join(sections)
+
+
+def free_ports(n: int, host: str = LOCALHOST) -> list[int]:
+    """Finds ``n`` distinct TCP ports that are free right now.
+
+    All sockets are held open until every port is chosen, so the ports are distinct.
+    Another process may still take one before a worker binds it; that race is
+    inherent to choosing ports up front, as TensorFlow's own multi-worker tests do.
+
+    Args:
+        n: How many ports.
+        host: Interface to bind.
+
+    Returns:
+        ``n`` distinct port numbers.
+
+    Raises:
+        ValueError: If ``n`` is negative.
+
+    >>> ports = free_ports(3)
+    >>> len(set(ports))
+    3
+    """
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
+    with contextlib.ExitStack() as sockets:
+        ports = []
+        for _ in range(n):
+            sock = sockets.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+            sock.bind((host, 0))
+            ports.append(sock.getsockname()[1])
+    return ports
+
+
+def make_tf_config(ports: Sequence[int], index: int, host: str = LOCALHOST) -> dict:
+    """Builds the ``TF_CONFIG`` of one worker in a local cluster.
+
+    Args:
+        ports: One port per worker; worker ``i`` listens on ``host:ports[i]``.
+        index: This worker's index.
+        host: Address every worker listens on.
+
+    Returns:
+        The ``TF_CONFIG`` dictionary (``json.dumps`` it into the environment).
+
+    Raises:
+        ValueError: If ``index`` is not a valid worker index.
+
+    >>> make_tf_config([2222, 2223], 1)
+    {'cluster': {'worker': ['127.0.0.1:2222', '127.0.0.1:2223']}, 'task': {'type': 'worker', 'index': 1}}
+    """
+    if not 0 <= index < len(ports):
+        raise ValueError(f"index must be in [0, {len(ports)}), got {index}")
+    return {
+        "cluster": {"worker": [f"{host}:{port}" for port in ports]},
+        "task": {"type": "worker", "index": index},
+    }
+
+
+def launch(
+    command: Sequence[str],
+    num_workers: int,
+    *,
+    timeout: float | None = None,
+    env: Mapping[str, str] | None = None,
+    cwd: str | os.PathLike | None = None,
+    stream: TextIO | _CurrentStdout | None = _CURRENT_STDOUT,
+    ports: Sequence[int] | None = None,
+    grace_period: float = DEFAULT_GRACE_PERIOD,
+) -> LaunchResult:
+    """Runs ``command`` as ``num_workers`` local workers and waits for all of them.
+
+    Worker ``i`` gets ``TF_CONFIG`` (see :func:`make_tf_config`),
+    ``TFCOMPRESS_WORKER_INDEX=i`` and ``TFCOMPRESS_NUM_WORKERS=num_workers`` in its
+    environment, and ``PYTHONUNBUFFERED=1`` unless set, so that its output arrives line
+    by line. Each worker is started in a session of its own; stopping it means
+    signalling its whole process group, so its children go too.
+
+    The run ends when every worker has exited 0, when one exits non-zero (the others
+    are stopped), when ``timeout`` elapses (all are stopped), or on KeyboardInterrupt
+    or SIGTERM to this process (all are stopped, then the interrupt propagates: SIGTERM
+    as ``SystemExit(143)``, and only when SIGTERM had its default handler and this is
+    the main thread).
+
+    Args:
+        command: The program and its arguments, run by every worker.
+        num_workers: How many workers.
+        timeout: Seconds the whole run may take; ``None`` for no limit.
+        env: Variables added to this process's environment for the workers.
+        cwd: Working directory of the workers.
+        stream: Where to echo the workers' output, each line prefixed with
+            ``[worker i] ``; ``None`` to echo nothing. Defaults to ``sys.stdout``.
+        ports: One port per worker; by default, :func:`free_ports`.
+        grace_period: Seconds between SIGTERM and SIGKILL when stopping workers.
+
+    Returns:
+        The run's :class:`LaunchResult`.
+
+    Raises:
+        ValueError: If ``command`` is empty, ``num_workers < 1``, ``timeout`` is not
+            positive, or ``ports`` has the wrong length.
+        OSError: If a worker cannot be started (the ones already started are stopped).
+    """
+    command = list(command)
+    if not command:
+        raise ValueError("command must not be empty")
+    if num_workers < 1:
+        raise ValueError(f"num_workers must be >= 1, got {num_workers}")
+    if timeout is not None and timeout <= 0:
+        raise ValueError(f"timeout must be positive, got {timeout}")
+    ports = list(ports) if ports is not None else free_ports(num_workers)
+    if len(ports) != num_workers:
+        raise ValueError(f"need {num_workers} ports, got {len(ports)}")
+    if isinstance(stream, _CurrentStdout):
+        stream = sys.stdout
+
+    echo = _Echo(stream)
+    log_lines: list[list[str]] = [[] for _ in range(num_workers)]
+    processes: list[subprocess.Popen] = []
+    readers: list[threading.Thread] = []
+    returncodes: list[int | None] = [None] * num_workers
+    deadline = None if timeout is None else time.monotonic() + timeout
+    timed_out = False
+    failed_worker = None
+
+    with _sigterm_raises_system_exit():
+        try:
+            for index in range(num_workers):
+                process = subprocess.Popen(
+                    command,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    env=_worker_env(env, ports, index),
+                    cwd=cwd,
+                    start_new_session=True,
+                )
+                processes.append(process)
+                reader = threading.Thread(
+                    target=_read_output,
+                    args=(process.stdout, index, log_lines[index], echo),
+                    name=f"tfcompress-launch-worker-{index}",
+                    daemon=True,
+                )
+                reader.start()
+                readers.append(reader)
+
+            while failed_worker is None:
+                for index, process in enumerate(processes):
+                    code = process.poll()
+                    if code is not None and returncodes[index] is None:
+                        returncodes[index] = code
+                        if code != 0 and failed_worker is None:
+                            failed_worker = index
+                if failed_worker is not None or all(code is not None for code in returncodes):
+                    break
+                if deadline is not None and time.monotonic() >= deadline:
+                    timed_out = True
+                    break
+                time.sleep(_POLL_INTERVAL)
+        finally:
+            with _signals_ignored():
+                _stop_process_groups(processes, grace_period)
+                for reader in readers:
+                    reader.join(_READER_JOIN_TIMEOUT)
+
+    if timed_out:
+        returncode = TIMEOUT_EXIT_CODE
+    elif failed_worker is not None:
+        returncode = _shell_exit_status(returncodes[failed_worker])
+    else:
+        returncode = 0
+    return LaunchResult(
+        returncode=returncode,
+        worker_returncodes=returncodes,
+        logs=["".join(lines) for lines in log_lines],
+        timed_out=timed_out,
+        failed_worker=failed_worker,
+        timeout=timeout,
+        worker_pids=[process.pid for process in processes],
+    )
+
+
+def _worker_env(extra: Mapping[str, str] | None, ports: Sequence[int], index: int) -> dict:
+    worker_env = dict(os.environ)
+    worker_env.update(extra or {})
+    worker_env.setdefault("PYTHONUNBUFFERED", "1")
+    worker_env["TF_CONFIG"] = json.dumps(make_tf_config(ports, index))
+    worker_env["TFCOMPRESS_WORKER_INDEX"] = str(index)
+    worker_env["TFCOMPRESS_NUM_WORKERS"] = str(len(ports))
+    return worker_env
+
+
+class _Echo:
+    """Writes whole prefixed lines from many reader threads to one stream."""
+
+    def __init__(self, stream: TextIO | None):
+        self._stream = stream
+        self._lock = threading.Lock()
+
+    def write_line(self, index: int, line: str) -> None:
+        if self._stream is None:
+            return
+        with self._lock:
+            try:
+                self._stream.write(f"[worker {index}] {line}")
+                self._stream.flush()
+            except (OSError, ValueError):
+                # A closed or broken stream must not stop the reader: a worker whose
+                # pipe is never drained blocks on its next write.
+                self._stream = None
+
+
+def _read_output(pipe: IO[bytes], index: int, lines: list[str], echo: _Echo) -> None:
+    with pipe:
+        for raw in iter(pipe.readline, b""):
+            line = raw.decode("utf-8", errors="replace")
+            if not line.endswith("\n"):
+                line += "\n"
+            lines.append(line)
+            echo.write_line(index, line)
+
+
+def _stop_process_groups(processes: Sequence[subprocess.Popen], grace_period: float) -> None:
+    """SIGTERM every worker's process group, then SIGKILL what is left, then reap.
+
+    Groups whose leader already exited are signalled too, to take down any children
+    it left behind. A group id is not reused while the group has members, so the
+    signal cannot reach an unrelated process.
+    """
+    for process in processes:
+        _signal_group(process.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_period
+    for process in processes:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(max(0.0, deadline - time.monotonic()))
+    for process in processes:
+        _signal_group(process.pid, signal.SIGKILL)
+    for process in processes:
+        process.wait()
+    # SIGKILL is delivered asynchronously, and the workers' children are not ours to
+    # wait for; give them a moment to die so that none outlives the launcher.
+    deadline = time.monotonic() + _GROUP_EXIT_TIMEOUT
+    pgids = [process.pid for process in processes]
+    while pgids and time.monotonic() < deadline:
+        pgids = [pgid for pgid in pgids if _group_has_live_members(pgid)]
+        if pgids:
+            time.sleep(_POLL_INTERVAL / 5)
+
+
+def _signal_group(pgid: int, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signum)
+
+
+def _group_has_live_members(pgid: int) -> bool:
+    """Whether process group ``pgid`` has a member that is not a zombie.
+
+    Orphaned zombies wait for init to reap them, which can take seconds in a
+    container; they are dead already, so they do not count.
+    """
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    proc = "/proc"
+    if not os.path.isdir(proc):
+        return True
+    for name in os.listdir(proc):
+        if not name.isdigit():
+            continue
+        try:
+            with open(os.path.join(proc, name, "stat")) as stat_file:
+                # The command name, in parentheses, may contain spaces.
+                fields = stat_file.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        state, group = fields[0], int(fields[2])
+        if group == pgid and state not in ("Z", "X"):
+            return True
+    return False
+
+
+@contextlib.contextmanager
+def _sigterm_raises_system_exit() -> Iterator[None]:
+    """Turns SIGTERM into ``SystemExit(143)`` so the workers are stopped first.
+
+    Only where Python allows it (main thread) and where nobody installed a handler of
+    their own, which is left alone.
+    """
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+    ):
+        yield
+        return
+
+    def on_sigterm(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+@contextlib.contextmanager
+def _signals_ignored() -> Iterator[None]:
+    """Holds off SIGINT and SIGTERM while the workers are being stopped.
+
+    A second Ctrl-C during cleanup would otherwise abandon the workers it is stopping;
+    cleanup is bounded by the grace period, so nothing waits long.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {
+        signum: signal.signal(signum, signal.SIG_IGN) for signum in (signal.SIGINT, signal.SIGTERM)
+    }
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _shell_exit_status(code: int | None) -> int:
+    if code is None:
+        return 1
+    return 128 - code if code < 0 else code
+
+
+def _describe_exit(code: int | None) -> str:
+    if code is None:
+        return "was stopped by the launcher"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"was killed by {name}"
+    return f"exited with code {code}"
+
+
+# Command line: ``tfcompress launch`` (tfcompress/cli.py) and
+# ``python -m tfcompress.launch`` (__main__.py) share these two functions.
+
+
+def configure_parser(parser: argparse.ArgumentParser) -> None:
+    """Adds the ``launch`` options and the worker command to ``parser``.
+
+    Args:
+        parser: The parser of ``tfcompress launch`` or ``python -m tfcompress.launch``.
+    """
+    parser.add_argument(
+        "-n",
+        "--num-workers",
+        type=_positive_int,
+        required=True,
+        help="number of worker processes",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=_positive_float,
+        default=None,
+        metavar="S",
+        help="stop every worker and exit 124 after S seconds (default: no limit)",
+    )
+    parser.add_argument(
+        "--port-base",
+        type=_port,
+        default=None,
+        metavar="P",
+        help="worker i listens on port P+i (default: free ports chosen by the OS)",
+    )
+    parser.add_argument(
+        "--grace-period",
+        type=_non_negative_float,
+        default=DEFAULT_GRACE_PERIOD,
+        metavar="S",
+        help=f"seconds between SIGTERM and SIGKILL (default: {DEFAULT_GRACE_PERIOD:g})",
+    )
+    parser.add_argument(
+        "command",
+        nargs=argparse.REMAINDER,
+        help="the worker command, after '--', e.g. -- python train.py --epochs 1",
+    )
+
+
+def run_from_args(args: argparse.Namespace) -> int:
+    """Runs a launch described by parsed command-line arguments.
+
+    Args:
+        args: Namespace from a parser set up by :func:`configure_parser`.
+
+    Returns:
+        The exit status for the launcher: see :attr:`LaunchResult.returncode`; 127 if
+        the command cannot be started, 130 on Ctrl-C, 2 on a usage error.
+    """
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        _report("no worker command given; usage: tfcompress launch -n N -- CMD [ARG ...]")
+        return 2
+    ports = None
+    if args.port_base is not None:
+        ports = list(range(args.port_base, args.port_base + args.num_workers))
+        if ports[-1] > 65535:
+            _report(f"--port-base {args.port_base} leaves no room for {args.num_workers} ports")
+            return 2
+    try:
+        result = launch(
+            command,
+            args.num_workers,
+            timeout=args.timeout,
+            ports=ports,
+            grace_period=args.grace_period,
+        )
+    except OSError as error:
+        _report(f"cannot start {command[0]!r}: {error}")
+        return 127
+    except KeyboardInterrupt:
+        _report("interrupted; all workers stopped")
+        return 130
+    if result.error:
+        _report(result.error)
+    return result.returncode
+
+
+def _report(message: str) -> None:
+    print(f"tfcompress launch: {message}", file=sys.stderr, flush=True)
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    value = float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+def _port(text: str) -> int:
+    value = int(text)
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port in [1, 65535], got {value}")
+    return value
