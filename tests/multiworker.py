@@ -43,7 +43,9 @@ def load_worker_outputs(out_dir: os.PathLike, num_workers: int = 2) -> list[dict
     outputs = []
     for i in range(num_workers):
         data = np.load(pathlib.Path(out_dir) / f"worker{i}.npz")
-        weights = [data[f"arr_{k}"] for k in range(len([f for f in data.files if f.startswith("arr_")]))]
+        weights = [
+            data[f"arr_{k}"] for k in range(len([f for f in data.files if f.startswith("arr_")]))
+        ]
         outputs.append(
             {
                 "weights": weights,

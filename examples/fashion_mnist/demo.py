@@ -31,7 +31,9 @@ def variants() -> list[tuple[str, list[str]]]:
     for name in available():
         rows.append((name, ["--compression", name]))
         if name == "fp16":
-            rows.append(("fp16 (bfloat16)", ["--compression", "fp16", "--option", "dtype=bfloat16"]))
+            rows.append(
+                ("fp16 (bfloat16)", ["--compression", "fp16", "--option", "dtype=bfloat16"])
+            )
     return rows
 
 
@@ -69,10 +71,19 @@ def main(argv=None) -> int:
         print(f"[{k}/{len(runs)}] {label}: training on {args.workers} workers ...", flush=True)
         result_file = out / f"run{k}.json"
         command = [
-            sys.executable, str(HERE / "train.py"), *extra,
-            "--keras", args.keras, "--epochs", str(args.epochs),
-            "--train-size", str(args.train_size), "--batch-size", str(args.batch_size),
-            "--result", str(result_file),
+            sys.executable,
+            str(HERE / "train.py"),
+            *extra,
+            "--keras",
+            args.keras,
+            "--epochs",
+            str(args.epochs),
+            "--train-size",
+            str(args.train_size),
+            "--batch-size",
+            str(args.batch_size),
+            "--result",
+            str(result_file),
         ]
         start = time.perf_counter()
         run = launch(command, args.workers, timeout=args.timeout, stream=None)

@@ -18,13 +18,27 @@ import os
 import time
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-parser.add_argument("--compression", default="none", help="compressor name (tfcompress.compressors.available()) or 'none'")
-parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="compressor option, repeatable (e.g. dtype=bfloat16)")
+parser.add_argument(
+    "--compression",
+    default="none",
+    help="compressor name (tfcompress.compressors.available()) or 'none'",
+)
+parser.add_argument(
+    "--option",
+    action="append",
+    default=[],
+    metavar="KEY=VALUE",
+    help="compressor option, repeatable (e.g. dtype=bfloat16)",
+)
 parser.add_argument("--keras", choices=["keras3", "tf_keras"], default="keras3")
 parser.add_argument("--epochs", type=int, default=2)
-parser.add_argument("--train-size", type=int, default=12000, help="training examples (0: all 60,000)")
+parser.add_argument(
+    "--train-size", type=int, default=12000, help="training examples (0: all 60,000)"
+)
 parser.add_argument("--batch-size", type=int, default=128, help="global batch size")
-parser.add_argument("--data", default=None, help="Fashion-MNIST directory (default: Debian's dataset-fashion-mnist)")
+parser.add_argument(
+    "--data", default=None, help="Fashion-MNIST directory (default: Debian's dataset-fashion-mnist)"
+)
 parser.add_argument("--result", default=None, help="JSON file the chief writes its summary to")
 parser.add_argument("--seed", type=int, default=1)
 args = parser.parse_args()
@@ -43,7 +57,9 @@ else:
 import tfcompress  # noqa: E402
 
 options = dict(kv.split("=", 1) for kv in args.option)
-compression = None if args.compression == "none" else tfcompress.compressors.get(args.compression, **options)
+compression = (
+    None if args.compression == "none" else tfcompress.compressors.get(args.compression, **options)
+)
 strategy = tfcompress.distribute.MultiWorkerMirroredStrategy(compression=compression)
 
 keras.utils.set_random_seed(args.seed)
@@ -108,7 +124,9 @@ history = model.fit(
     callbacks=[meter],
     verbose=2 if strategy.cluster_resolver.task_id == 0 else 0,
 )
-evaluation = model.evaluate(make_dataset(x_test, y_test, shuffle=False), verbose=0, return_dict=True)
+evaluation = model.evaluate(
+    make_dataset(x_test, y_test, shuffle=False), verbose=0, return_dict=True
+)
 
 summary = {
     "compression": repr(compression) if compression is not None else "none (exact)",
@@ -123,7 +141,9 @@ summary = {
     "seconds_per_step": meter.seconds / meter.steps,
     "parameters": int(sum(np.prod(w.shape) for w in model.trainable_weights)),
 }
-summary["compression_ratio"] = summary["bytes_uncompressed_per_step"] / summary["bytes_sent_per_step"]
+summary["compression_ratio"] = (
+    summary["bytes_uncompressed_per_step"] / summary["bytes_sent_per_step"]
+)
 print(json.dumps(summary))
 if args.result and strategy.cluster_resolver.task_id == 0:
     with open(args.result, "w") as f:

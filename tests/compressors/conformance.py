@@ -95,7 +95,9 @@ class CompressorConformance:
             got = c.aggregate([c.compress(x) for x in xs])
         want = tf.add_n(xs)
         rtol = self.round_trip_rtol.get("float32") or 0.0
-        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=max(rtol * 3, 1e-6), atol=max(rtol * 3, 1e-6))
+        np.testing.assert_allclose(
+            got.numpy(), want.numpy(), rtol=max(rtol * 3, 1e-6), atol=max(rtol * 3, 1e-6)
+        )
 
     def test_checkpoint_round_trip(self, tmp_path):
         c = self.make()

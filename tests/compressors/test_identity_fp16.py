@@ -3,7 +3,6 @@ import pytest
 import tensorflow as tf
 
 from tests.compressors.conformance import CompressorConformance
-
 from tfcompress.compressors import FP16, Identity
 
 

@@ -30,11 +30,17 @@ def make(compression, min_size=4):
 
 
 def per_replica(strategy, values_fn):
-    return strategy.run(lambda: values_fn(tf.distribute.get_replica_context().replica_id_in_sync_group))
+    return strategy.run(
+        lambda: values_fn(tf.distribute.get_replica_context().replica_id_in_sync_group)
+    )
 
 
 def local(result):
-    return [np.asarray(v) for v in result.values] if hasattr(result, "values") else [np.asarray(result)]
+    return (
+        [np.asarray(v) for v in result.values]
+        if hasattr(result, "values")
+        else [np.asarray(result)]
+    )
 
 
 def reduce_on_devices(strategy, op, value):
@@ -62,7 +68,9 @@ def test_replica_all_reduce(mode, compression):
         x = replica_values(ctx.replica_id_in_sync_group)
         return ctx.all_reduce("sum", x), ctx.all_reduce("mean", x)
 
-    run = (lambda: strategy.run(step)) if mode == "eager" else tf.function(lambda: strategy.run(step))
+    run = (
+        (lambda: strategy.run(step)) if mode == "eager" else tf.function(lambda: strategy.run(step))
+    )
     total, mean = run()
     want = replica_values(0).numpy() + replica_values(1).numpy()
     tol = 1e-3 if compression == "fp16" else 0
@@ -152,7 +160,9 @@ def test_indexed_slices_stay_exact():
         return ctx.all_reduce(
             "sum",
             tf.IndexedSlices(
-                values=tf.fill([2, 4], 0.1 + r), indices=tf.constant([0, 3]), dense_shape=tf.constant([5, 4])
+                values=tf.fill([2, 4], 0.1 + r),
+                indices=tf.constant([0, 3]),
+                dense_shape=tf.constant([5, 4]),
             ),
         )
 
@@ -203,9 +213,17 @@ def test_keras3_fit_identity_bit_identical_to_plain_mirrored():
         keras.utils.set_random_seed(4)
         with strategy.scope():
             model = keras.Sequential(
-                [keras.Input((10, 10, 1)), keras.layers.Conv2D(16, 3), keras.layers.Flatten(), keras.layers.Dense(3)]
+                [
+                    keras.Input((10, 10, 1)),
+                    keras.layers.Conv2D(16, 3),
+                    keras.layers.Flatten(),
+                    keras.layers.Dense(3),
+                ]
             )
-            model.compile(optimizer=keras.optimizers.SGD(0.1), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+            model.compile(
+                optimizer=keras.optimizers.SGD(0.1),
+                loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            )
         model.fit(x, y, batch_size=16, epochs=2, verbose=0, shuffle=False)
         return model.get_weights()
 

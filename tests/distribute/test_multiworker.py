@@ -17,8 +17,18 @@ def fit(tmp_path_factory, keras_flavour, strategy, compression="none"):
         out = tmp_path_factory.mktemp("-".join(key))
         run_workers(
             "fit_worker.py",
-            ["--keras", keras_flavour, "--strategy", strategy, "--compression", compression,
-             "--steps", "4", "--out", str(out)],
+            [
+                "--keras",
+                keras_flavour,
+                "--strategy",
+                strategy,
+                "--compression",
+                compression,
+                "--steps",
+                "4",
+                "--out",
+                str(out),
+            ],
         )
         _cache[key] = load_worker_outputs(out)
     return _cache[key]
@@ -48,14 +58,23 @@ def test_fp16_within_tolerance_and_metrics_exact(tmp_path_factory, keras_flavour
     # Four SGD steps with fp16-rounded gradients stay within fp16 tolerance.
     for a, b in zip(plain[0]["weights"], half[0]["weights"], strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-2, atol=1e-4)
-    assert any(not np.array_equal(a, b) for a, b in zip(plain[0]["weights"], half[0]["weights"], strict=True))
+    assert any(
+        not np.array_equal(a, b)
+        for a, b in zip(plain[0]["weights"], half[0]["weights"], strict=True)
+    )
     # Metrics are reduced exactly: the distributed evaluation of the fp16-trained
     # model equals the local float32 computation to float32 rounding, far below
     # float16's 2**-11 relative step.
     for worker in half:
-        assert worker["evaluation"]["accuracy"] == pytest.approx(worker["local"]["accuracy"], abs=1e-7)
+        assert worker["evaluation"]["accuracy"] == pytest.approx(
+            worker["local"]["accuracy"], abs=1e-7
+        )
         assert worker["evaluation"]["loss"] == pytest.approx(worker["local"]["loss"], rel=1e-5)
-        assert np.float32(np.float16(worker["evaluation"]["loss"])) != np.float32(worker["evaluation"]["loss"])
+        assert np.float32(np.float16(worker["evaluation"]["loss"])) != np.float32(
+            worker["evaluation"]["loss"]
+        )
     stats = half[0]["stats"]
-    compressed_ratio = stats["bytes_compressible"] / (stats["bytes_sent"] - (stats["bytes_uncompressed"] - stats["bytes_compressible"]))
+    compressed_ratio = stats["bytes_compressible"] / (
+        stats["bytes_sent"] - (stats["bytes_uncompressed"] - stats["bytes_compressible"])
+    )
     assert compressed_ratio == pytest.approx(2.0)

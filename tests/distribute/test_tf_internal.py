@@ -28,7 +28,13 @@ def test_private_names_still_exist():
         ["/cpu:0"], 1, tf.distribute.experimental.CommunicationOptions()
     )
     args = internal.collective_init_args(ops)
-    assert set(args) == {"devices", "group_size", "options", "collective_keys", "canonicalize_devices"}
+    assert set(args) == {
+        "devices",
+        "group_size",
+        "options",
+        "collective_keys",
+        "canonicalize_devices",
+    }
     assert hasattr(ops, "_launchers") and hasattr(ops._launchers[0], "_all_gather")
     assert hasattr(ops._launchers[0], "batch_all_reduce")
     assert internal.devices_of(ops) and internal.group_size_of(ops) == 1

@@ -16,7 +16,9 @@ parser.add_argument("--strategy", choices=["plain", "tfcompress"], default="tfco
 parser.add_argument("--compression", default="none")
 parser.add_argument("--steps", type=int, default=4)
 parser.add_argument("--epochs", type=int, default=1)
-parser.add_argument("--nan-step", type=int, default=-1, help="inject NaN into the input at this batch")
+parser.add_argument(
+    "--nan-step", type=int, default=-1, help="inject NaN into the input at this batch"
+)
 parser.add_argument("--out", required=True)
 args = parser.parse_args()
 

@@ -5,4 +5,13 @@ from tfcompress.compressors.fp16 import FP16
 from tfcompress.compressors.identity import Identity
 from tfcompress.compressors.registry import available, get, register
 
-__all__ = ["Compressor", "FP16", "Identity", "Payload", "available", "get", "payload_nbytes", "register"]
+__all__ = [
+    "Compressor",
+    "FP16",
+    "Identity",
+    "Payload",
+    "available",
+    "get",
+    "payload_nbytes",
+    "register",
+]

@@ -191,9 +191,7 @@ class CompressingCollectiveAllReduce(internal.CollectiveAllReduce):
         nbytes = sum((_nbytes(v) for v in dense), tf.constant(0, tf.int64))
         for s in sparse:
             nbytes += _nbytes(s.values) + _nbytes(s.indices)
-        self.counters.add(
-            bytes_sent=nbytes, bytes_uncompressed=nbytes, aggregations=len(values)
-        )
+        self.counters.add(bytes_sent=nbytes, bytes_uncompressed=nbytes, aggregations=len(values))
 
     def __deepcopy__(self, memo):
         return CompressingCollectiveAllReduce(

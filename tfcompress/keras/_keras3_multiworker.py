@@ -56,7 +56,8 @@ def source_hashes() -> dict[str, str]:
     trainer = _trainer_module()
     originals = {
         "TensorFlowTrainer._maybe_symbolic_build": getattr(
-            trainer.TensorFlowTrainer._maybe_symbolic_build, "__tfcompress_original__",
+            trainer.TensorFlowTrainer._maybe_symbolic_build,
+            "__tfcompress_original__",
             trainer.TensorFlowTrainer._maybe_symbolic_build,
         ),
         "reduce_per_replica": getattr(
@@ -70,9 +71,9 @@ def source_hashes() -> dict[str, str]:
 
 
 def _is_tfcompress_multiworker(strategy) -> bool:
-    from tfcompress.distribute.strategy import is_compressed_strategy  # noqa: PLC0415
-
     import tensorflow as tf  # noqa: PLC0415
+
+    from tfcompress.distribute.strategy import is_compressed_strategy  # noqa: PLC0415
 
     return (
         strategy is not None
@@ -109,9 +110,7 @@ def install(all_strategies: bool = False) -> bool:
         return False
     version = keras.__version__
     hashes = source_hashes()
-    mismatched = [
-        name for name, h in hashes.items() if h not in PATCHED_SOURCES[name].values()
-    ]
+    mismatched = [name for name, h in hashes.items() if h not in PATCHED_SOURCES[name].values()]
     if mismatched:
         warnings.warn(
             f"tfcompress: Keras {version} changed {mismatched}; the Keras 3 multi-worker fit "
@@ -137,9 +136,11 @@ def install(all_strategies: bool = False) -> bool:
         for _, _, it in iterator:
             batch = next(it)
             data_batch = tree.map_structure(
-                lambda v: strategy.experimental_local_results(v)[0]
-                if isinstance(v, tf.distribute.DistributedValues)
-                else v,
+                lambda v: (
+                    strategy.experimental_local_results(v)[0]
+                    if isinstance(v, tf.distribute.DistributedValues)
+                    else v
+                ),
                 batch,
             )
             break
