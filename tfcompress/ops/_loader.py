@@ -1,0 +1,229 @@
+"""Loads the custom-op library on first use and chooses kernel or reference.
+
+Every op in :mod:`tfcompress.ops` has two implementations that give
+bit-identical results: a C++ kernel (``custom_ops/``, compiled on first use by
+:mod:`tfcompress.ops._build`) and a pure-TensorFlow reference. One switch picks
+between them:
+
+* the environment variable ``TFCOMPRESS_OPS``: ``auto`` (the default),
+  ``kernel`` or ``reference``;
+* overridden at run time by :func:`set_implementation` or, for a block, the
+  :func:`implementation` context manager.
+
+``auto`` uses the kernel when the library builds and loads, and otherwise the
+reference, after one warning per process that says why. ``kernel`` raises
+instead of falling back; ``reference`` never builds or loads anything.
+
+Inside ``tf.function`` the choice is made while tracing: a traced function
+keeps the implementation it was traced with.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pathlib
+import threading
+import types
+import warnings
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from tfcompress.ops import _build
+
+__all__ = [
+    "ENV_VAR",
+    "IMPLEMENTATIONS",
+    "get_implementation",
+    "implementation",
+    "kernel_available",
+    "kernel_op",
+    "load_library",
+    "loaded_library_path",
+    "op_name",
+    "set_implementation",
+    "use_kernel",
+]
+
+ENV_VAR = "TFCOMPRESS_OPS"
+IMPLEMENTATIONS = ("auto", "kernel", "reference")
+
+# The only place in Python where the op-name prefix is written; its C++ twin is
+# TFCOMPRESS_OP_NAME in custom_ops/common/cc/op_prefix.h.
+_OP_PREFIX = "TFCompress>"
+
+_lock = threading.RLock()
+_override: str | None = None
+_library: types.ModuleType | None = None
+_library_path: pathlib.Path | None = None
+_library_error: Exception | None = None
+_fallback_warned = False
+
+
+def op_name(name: str) -> str:
+    """Returns the registered name of a tfcompress op.
+
+    Args:
+        name: the op's name without prefix, e.g. ``"PackBits"``.
+
+    Returns:
+        ``"TFCompress>" + name``.
+
+    >>> op_name("PackBits")
+    'TFCompress>PackBits'
+    """
+    return _OP_PREFIX + name
+
+
+def _validate(name: str, origin: str) -> str:
+    if not isinstance(name, str) or name.strip().lower() not in IMPLEMENTATIONS:
+        raise ValueError(
+            f"{origin} must be one of {', '.join(repr(i) for i in IMPLEMENTATIONS)}; got {name!r}"
+        )
+    return name.strip().lower()
+
+
+def get_implementation() -> str:
+    """Returns the configured implementation: ``"auto"``, ``"kernel"`` or ``"reference"``.
+
+    The run-time override (:func:`set_implementation`) wins over the
+    ``TFCOMPRESS_OPS`` environment variable, which defaults to ``"auto"``.
+
+    Raises:
+        ValueError: ``TFCOMPRESS_OPS`` holds something else.
+    """
+    if _override is not None:
+        return _override
+    return _validate(os.environ.get(ENV_VAR) or "auto", f"${ENV_VAR}")
+
+
+def set_implementation(name: str | None) -> None:
+    """Chooses the implementation for the whole process.
+
+    Args:
+        name: ``"auto"``, ``"kernel"``, ``"reference"``, or None to go back to
+            the ``TFCOMPRESS_OPS`` environment variable.
+
+    Raises:
+        ValueError: ``name`` is not one of those.
+    """
+    global _override
+    _override = None if name is None else _validate(name, "implementation")
+
+
+@contextlib.contextmanager
+def implementation(name: str) -> Iterator[None]:
+    """Uses the given implementation inside a ``with`` block.
+
+    The setting is process-wide while the block runs (not per thread), and the
+    previous one is restored on exit.
+
+    Args:
+        name: ``"auto"``, ``"kernel"`` or ``"reference"``.
+
+    Raises:
+        ValueError: ``name`` is not one of those.
+
+    >>> with implementation("reference"):
+    ...     get_implementation()
+    'reference'
+    """
+    global _override
+    previous = _override
+    set_implementation(name)
+    try:
+        yield
+    finally:
+        _override = previous
+
+
+def load_library() -> types.ModuleType:
+    """Builds (if needed) and loads the op library, once per process.
+
+    Returns:
+        The module that ``tf.load_op_library`` returned.
+
+    Raises:
+        BuildError: the library could not be built.
+        Exception: whatever ``tf.load_op_library`` raised. A failure is
+            remembered, and raised again by later calls without retrying.
+    """
+    global _library, _library_path, _library_error
+    with _lock:
+        if _library is not None:
+            return _library
+        if _library_error is not None:
+            raise _library_error
+        try:
+            import tensorflow as tf
+
+            path = _build.build()
+            library = tf.load_op_library(str(path))
+        except Exception as error:
+            _library_error = error
+            raise
+        _library, _library_path = library, path
+        return library
+
+
+def loaded_library_path() -> pathlib.Path | None:
+    """Returns the path of the loaded library, or None when none is loaded."""
+    return _library_path
+
+
+def kernel_available() -> bool:
+    """Returns whether the C++ kernels can be used, building them if needed.
+
+    Unlike the ops themselves this ignores the implementation switch: it
+    answers whether ``TFCOMPRESS_OPS=kernel`` would work.
+    """
+    try:
+        load_library()
+    except Exception:
+        return False
+    return True
+
+
+def use_kernel() -> bool:
+    """Decides, for one op call, whether to run the kernel or the reference.
+
+    Raises:
+        Exception: in ``kernel`` mode, why the library cannot be loaded.
+    """
+    global _fallback_warned
+    mode = get_implementation()
+    if mode == "reference":
+        return False
+    if mode == "kernel":
+        load_library()
+        return True
+    try:
+        load_library()
+    except Exception as error:
+        with _lock:
+            if not _fallback_warned:
+                _fallback_warned = True
+                warnings.warn(_fallback_message(error), RuntimeWarning, stacklevel=3)
+        return False
+    return True
+
+
+def kernel_op(name: str) -> Callable[..., Any]:
+    """Returns the Python wrapper that ``tf.load_op_library`` generated for an op.
+
+    Args:
+        name: the op's name without prefix, e.g. ``"PackBits"``.
+    """
+    # TensorFlow's generated wrappers spell ">" as "_": TFCompress_PackBits.
+    return getattr(load_library(), op_name(name).replace(">", "_"))
+
+
+def _fallback_message(error: Exception) -> str:
+    reason = str(error).strip() or type(error).__name__
+    return (
+        "tfcompress: the C++ op library is unavailable, so tfcompress.ops uses its "
+        "pure-TensorFlow reference implementation (same results, slower).\n"
+        f"Reason: {reason}\n"
+        f"Set {ENV_VAR}=kernel to raise this error instead, or "
+        f"{ENV_VAR}=reference to use the reference without this warning."
+    )
