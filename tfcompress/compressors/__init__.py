@@ -4,6 +4,7 @@ from tfcompress.compressors.base import Compressor, Payload, payload_nbytes
 from tfcompress.compressors.fp16 import FP16
 from tfcompress.compressors.identity import Identity
 from tfcompress.compressors.registry import available, get, register
+from tfcompress.compressors.state import TensorContext, local_variable, stateless_seed
 
 __all__ = [
     "Compressor",
@@ -14,4 +15,7 @@ __all__ = [
     "get",
     "payload_nbytes",
     "register",
+    "TensorContext",
+    "local_variable",
+    "stateless_seed",
 ]

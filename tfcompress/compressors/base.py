@@ -24,7 +24,9 @@ from collections.abc import Mapping, Sequence
 
 import tensorflow as tf
 
-__all__ = ["Compressor", "Payload", "payload_nbytes"]
+from tfcompress.compressors.state import TensorContext
+
+__all__ = ["Compressor", "Payload", "TensorContext", "payload_nbytes"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,6 +75,25 @@ class Compressor:
     supported_dtypes: tuple[tf.DType, ...] = (tf.float16, tf.bfloat16, tf.float32, tf.float64)
     #: Registry name (``tfcompress.compressors.get(name)``).
     name: str = "compressor"
+    #: True when E[decompress(compress(x))] = x (QSGD, TernGrad, RandomK, ...).
+    unbiased: bool = False
+
+    def bind(self, context: TensorContext) -> Compressor:
+        """Returns the compressor to use for one tensor of one replica.
+
+        The cross-device ops call this once per (tensor key, local replica) and
+        reuse the result on every step and retrace. Stateless compressors
+        return ``self``; stateful ones return a copy that owns the tensor's
+        state (created with :func:`tfcompress.compressors.state.local_variable`
+        on ``context.device``).
+        """
+        del context
+        return self
+
+    def omega(self, num_elements: int) -> float | None:
+        """Variance factor: E||C(x) - x||^2 <= omega ||x||^2 (``None`` if biased)."""
+        del num_elements
+        return None
 
     def compress(self, x: tf.Tensor) -> Payload:
         """Encodes ``x`` into a payload (graph code: usable in ``tf.function``)."""

@@ -22,6 +22,7 @@ from tensorflow.python.distribute import (  # noqa: F401 - re-exported below
     cross_device_utils,
     reduce_util,
 )
+from tensorflow.python.ops import resource_variable_ops
 
 __all__ = [
     "CHECKED_TF_VERSIONS",
@@ -34,6 +35,7 @@ __all__ = [
     "launcher_all_gather",
     "launcher_batch_all_reduce",
     "new_collective_keys",
+    "worker_local_variable",
     "replace_cross_device_ops",
 ]
 
@@ -43,6 +45,18 @@ CollectiveAllReduce = cross_device_ops.CollectiveAllReduce
 ReduceOp = reduce_util.ReduceOp
 group_by_size = cross_device_utils.group_by_size
 is_indexed_slices = cross_device_utils.is_indexed_slices
+
+
+def worker_local_variable(initial_value, name: str, device: str | None = None) -> tf.Variable:
+    """A plain (never mirrored) variable, even inside a strategy scope or tf.function.
+
+    Compressor state such as error memories is specific to one replica: the
+    strategy's variable creator would mirror it. Constructing the resource
+    variable class directly bypasses the creator stack; ``init_scope`` creates
+    it eagerly when called while a function is being traced.
+    """
+    with tf.init_scope(), tf.device(device):
+        return resource_variable_ops.ResourceVariable(initial_value, trainable=False, name=name)
 
 
 def new_collective_keys(group_key_start: int):

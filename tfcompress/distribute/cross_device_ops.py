@@ -19,6 +19,7 @@ from collections.abc import Sequence
 import tensorflow as tf
 
 from tfcompress.compressors.base import Compressor, Payload
+from tfcompress.compressors.state import TensorContext
 from tfcompress.distribute import _tf_internal as internal
 from tfcompress.distribute.accounting import TrafficCounters
 from tfcompress.distribute.policy import CompressionPolicy
@@ -70,6 +71,27 @@ class CompressingCollectiveAllReduce(internal.CollectiveAllReduce):
         self.compressor = compressor
         self.policy = policy or CompressionPolicy()
         self.counters = counters or TrafficCounters(self._devices[0])
+        # (tensor key, local replica) -> compressor bound to that tensor (its state).
+        self._bound: dict[tuple[str, int], Compressor] = {}
+        task = tf.DeviceSpec.from_string(self._devices[0]).task or 0
+        self._first_global_replica = task * len(self._devices)
+
+    def bound_compressor(self, key: str, replica_id: int) -> Compressor:
+        """The compressor bound to tensor ``key`` on local replica ``replica_id``."""
+        if (key, replica_id) not in self._bound:
+            context = TensorContext(
+                key=key,
+                replica=self._first_global_replica + replica_id,
+                num_replicas=self._group_size,
+                device=self._devices[replica_id],
+            )
+            self._bound[(key, replica_id)] = self.compressor.bind(context)
+        return self._bound[(key, replica_id)]
+
+    @property
+    def bound_compressors(self) -> dict[tuple[str, int], Compressor]:
+        """Every bound compressor so far, by (tensor key, local replica)."""
+        return dict(self._bound)
 
     def _all_reduce(self, reduce_op, value, replica_id, options):
         flat_values = tf.nest.flatten(value, expand_composites=False)
@@ -99,22 +121,21 @@ class CompressingCollectiveAllReduce(internal.CollectiveAllReduce):
 
     def _compressed_sum(self, values: list, replica_id: int, options) -> list[tf.Tensor]:
         """Sum over all replicas of ``values`` through compressed payloads."""
-        compressor = self.compressor
         options = self._options.merge(options)
+        values = [tf.convert_to_tensor(v) for v in values]
+        bound = [self.bound_compressor(key, replica_id) for key in _tensor_keys(values)]
         # Like TensorFlow, launch in reverse order: the last layers' gradients are
         # ready first in backprop, so their collectives can start earliest.
         order = list(reversed(range(len(values))))
-        payloads: dict[int, Payload] = {}
-        for i in order:
-            payloads[i] = compressor.compress(tf.convert_to_tensor(values[i]))
+        payloads: dict[int, Payload] = {i: bound[i].compress(values[i]) for i in order}
 
-        if compressor.summable:
+        if self.compressor.summable:
             summed = self._all_reduce_payloads([payloads[i] for i in order], replica_id, options)
-            decoded = {i: compressor.decompress(p) for i, p in zip(order, summed, strict=True)}
+            decoded = {i: bound[i].decompress(p) for i, p in zip(order, summed, strict=True)}
         else:
             gathered = self._all_gather_payloads([payloads[i] for i in order], replica_id, options)
             decoded = {
-                i: compressor.aggregate(worker_payloads)
+                i: bound[i].aggregate(worker_payloads)
                 for i, worker_payloads in zip(order, gathered, strict=True)
             }
         self.counters.add(
@@ -204,6 +225,22 @@ class CompressingCollectiveAllReduce(internal.CollectiveAllReduce):
             canonicalize_devices=self._canonicalize_devices,
             counters=self.counters,
         )
+        # (bound compressors are not copied: a copy rebinds, creating fresh state)
+
+
+def _tensor_keys(values: list[tf.Tensor]) -> list[str]:
+    """Stable per-tensor keys: dtype, shape and the ordinal among equal ones.
+
+    Keras aggregates the same gradient list in the same order every step, so
+    the keys name the same variables on every step, retrace and replica.
+    """
+    seen: dict[str, int] = {}
+    keys = []
+    for v in values:
+        base = f"{v.dtype.name}{v.shape.as_list()}".replace(" ", "")
+        keys.append(f"{base}#{seen.get(base, 0)}")
+        seen[base] = seen.get(base, 0) + 1
+    return keys
 
 
 def _nbytes(t) -> tf.Tensor:

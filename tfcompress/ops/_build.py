@@ -166,7 +166,12 @@ def _configure() -> _Configuration:
     import tensorflow as tf  # deferred: importing this module must stay cheap
 
     root = source_root()
-    sources = tuple(sorted(root.glob("*/cc/ops/*.cc")) + sorted(root.glob("*/cc/kernels/*.cc")))
+    domains = _selected_domains()
+    sources = tuple(
+        p
+        for p in sorted(root.glob("*/cc/ops/*.cc")) + sorted(root.glob("*/cc/kernels/*.cc"))
+        if domains is None or p.relative_to(root).parts[0] in domains
+    )
     if not sources:
         raise BuildError(f"tfcompress: no C++ sources under {root}")
     compiler = tuple(shlex.split(os.environ.get("CXX") or "g++"))
@@ -187,7 +192,11 @@ def _configure() -> _Configuration:
     update("\0".join(link_flags))
     update(compiler_version)
     for path in sorted(
-        p for p in root.rglob("*") if p.is_file() and p.name.endswith(_KEY_SUFFIXES)
+        p
+        for p in root.rglob("*")
+        if p.is_file()
+        and p.name.endswith(_KEY_SUFFIXES)
+        and (domains is None or p.relative_to(root).parts[0] in domains | {"common"})
     ):
         update(path.relative_to(root).as_posix())
         update(path.read_bytes())
@@ -202,6 +211,19 @@ def _configure() -> _Configuration:
         tf_version=tf.__version__,
         key=digest.hexdigest()[:32],
     )
+
+
+def _selected_domains() -> set[str] | None:
+    """Domains named by ``$TFCOMPRESS_OPS_DOMAINS`` (comma-separated), or None for all.
+
+    A development aid: build only some ``custom_ops/<domain>`` folders, e.g.
+    while another domain's sources are being edited. The selection is part of
+    the cache key (through the hashed file list).
+    """
+    configured = os.environ.get("TFCOMPRESS_OPS_DOMAINS", "").strip()
+    if not configured:
+        return None
+    return {d.strip() for d in configured.split(",") if d.strip()}
 
 
 def _library_path(config: _Configuration) -> pathlib.Path:
