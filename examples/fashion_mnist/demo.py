@@ -25,15 +25,36 @@ from tfcompress.launch import launch
 HERE = pathlib.Path(__file__).resolve().parent
 
 
+# How the demo runs each registered compressor (its usual settings); a
+# compressor missing here runs with its defaults. Biased compressors run
+# inside ErrorFeedback, as they should be used.
+DEMO_SETTINGS: dict[str, list[tuple[str, list[str]]]] = {
+    "fp16": [
+        ("fp16", ["--compression", "fp16"]),
+        ("fp16 (bfloat16)", ["--compression", "fp16", "--option", "dtype=bfloat16"]),
+    ],
+    "error_feedback": [],  # a wrapper: appears through the biased compressors below
+    "qsgd": [("qsgd 4-bit", ["--compression", "qsgd", "--option", "bits=4", "--option", "seed=1"])],
+    "terngrad": [("terngrad", ["--compression", "terngrad", "--option", "seed=1"])],
+    "signsgd": [("signsgd + EF", ["--compression", "signsgd", "--error-feedback"])],
+    "topk": [
+        ("topk 1% + EF", ["--compression", "topk", "--option", "ratio=0.01", "--error-feedback"])
+    ],
+    "threshold": [
+        (
+            "threshold 1e-3 + EF",
+            ["--compression", "threshold", "--option", "value=0.001", "--error-feedback"],
+        )
+    ],
+    "randomk": [("randomk 25%", ["--compression", "randomk", "--option", "ratio=0.25"])],
+}
+
+
 def variants() -> list[tuple[str, list[str]]]:
     """(label, train.py arguments): uncompressed first, then every compressor."""
     rows = [("none (exact)", ["--compression", "none"])]
     for name in available():
-        rows.append((name, ["--compression", name]))
-        if name == "fp16":
-            rows.append(
-                ("fp16 (bfloat16)", ["--compression", "fp16", "--option", "dtype=bfloat16"])
-            )
+        rows.extend(DEMO_SETTINGS.get(name, [(name, ["--compression", name])]))
     return rows
 
 

@@ -30,6 +30,9 @@ parser.add_argument(
     metavar="KEY=VALUE",
     help="compressor option, repeatable (e.g. dtype=bfloat16)",
 )
+parser.add_argument(
+    "--error-feedback", action="store_true", help="wrap the compressor in ErrorFeedback"
+)
 parser.add_argument("--keras", choices=["keras3", "tf_keras"], default="keras3")
 parser.add_argument("--epochs", type=int, default=2)
 parser.add_argument(

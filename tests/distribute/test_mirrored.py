@@ -240,3 +240,29 @@ def test_policy_validation():
         make("fp16", min_size="big")
     with pytest.raises(ValueError, match="valid names"):
         make("gzip")
+
+
+def test_stateful_compressor_is_bound_per_tensor_and_replica():
+    strategy = make(tfcompress.compressors.ErrorFeedback("fp16"))
+
+    def step():
+        ctx = tf.distribute.get_replica_context()
+        r = tf.cast(ctx.replica_id_in_sync_group, tf.float32)
+        a = tf.fill([8], 1.0001 + r)
+        b = tf.fill([2, 4], 3.0001 + r)
+        return ctx.all_reduce("sum", [a, b, a])
+
+    run = tf.function(lambda: strategy.run(step))
+    run()
+    run()
+    bound = strategy.extended._cross_device_ops.bound_compressors
+    # three tensors (two of the same shape get distinct keys) x two replicas
+    assert sorted(bound) == sorted(
+        (key, replica) for key in ["float32[8]#0", "float32[8]#1", "float32[2,4]#0"] for replica in (0, 1)
+    )
+    memories = {id(c.variables[0]) for c in bound.values()}
+    assert len(memories) == 6
+    # replica 1's values round differently from replica 0's: separate residuals
+    r0 = bound[("float32[8]#0", 0)].variables[0].numpy()
+    r1 = bound[("float32[8]#0", 1)].variables[0].numpy()
+    assert not np.array_equal(r0, r1)

@@ -1,6 +1,7 @@
 """Gradient compressors: ``compress`` -> payload -> ``decompress``."""
 
 from tfcompress.compressors.base import Compressor, Payload, payload_nbytes
+from tfcompress.compressors.error_feedback import ErrorFeedback
 from tfcompress.compressors.fp16 import FP16
 from tfcompress.compressors.identity import Identity
 from tfcompress.compressors.registry import available, get, register
@@ -8,6 +9,7 @@ from tfcompress.compressors.state import TensorContext, local_variable, stateles
 
 __all__ = [
     "Compressor",
+    "ErrorFeedback",
     "FP16",
     "Identity",
     "Payload",

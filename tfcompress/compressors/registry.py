@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 
 from tfcompress.compressors.base import Compressor
+from tfcompress.compressors.error_feedback import ErrorFeedback
 from tfcompress.compressors.fp16 import FP16
 from tfcompress.compressors.identity import Identity
 
@@ -19,7 +20,7 @@ def register(cls: type[Compressor]) -> type[Compressor]:
     return cls
 
 
-for _cls in (Identity, FP16):
+for _cls in (Identity, FP16, ErrorFeedback):
     register(_cls)
 
 

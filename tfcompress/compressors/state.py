@@ -33,16 +33,28 @@ class TensorContext:
       replica: global index of the replica in ``[0, num_replicas)``.
       num_replicas: number of replicas across all workers.
       device: the replica's device (where state variables live).
+      shape: static shape of the tensor (``None``: unknown until first use).
+      dtype: dtype of the tensor (``None``: unknown until first use).
     """
 
     key: str = "tensor"
     replica: int = 0
     num_replicas: int = 1
     device: str | None = None
+    shape: tf.TensorShape | None = None
+    dtype: tf.DType | None = None
 
 
 def local_variable(initial_value, name: str, device: str | None = None) -> tf.Variable:
-    """A worker-local, non-trainable variable (see the module docstring)."""
+    """A worker-local, non-trainable variable (see the module docstring).
+
+    Args:
+      initial_value: a Python/NumPy value, or a zero-argument callable that
+        builds it (needed when called while a function is traced: the callable
+        runs eagerly).
+      name: variable name.
+      device: where the variable lives (default: the current device).
+    """
     from tfcompress.distribute import _tf_internal  # noqa: PLC0415 - avoids an import cycle
 
     return _tf_internal.worker_local_variable(initial_value, name=name, device=device)

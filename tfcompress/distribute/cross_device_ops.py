@@ -76,14 +76,16 @@ class CompressingCollectiveAllReduce(internal.CollectiveAllReduce):
         task = tf.DeviceSpec.from_string(self._devices[0]).task or 0
         self._first_global_replica = task * len(self._devices)
 
-    def bound_compressor(self, key: str, replica_id: int) -> Compressor:
-        """The compressor bound to tensor ``key`` on local replica ``replica_id``."""
+    def bound_compressor(self, key: str, replica_id: int, value: tf.Tensor) -> Compressor:
+        """The compressor bound to tensor ``key`` (like ``value``) on local replica ``replica_id``."""
         if (key, replica_id) not in self._bound:
             context = TensorContext(
                 key=key,
                 replica=self._first_global_replica + replica_id,
                 num_replicas=self._group_size,
                 device=self._devices[replica_id],
+                shape=value.shape,
+                dtype=value.dtype,
             )
             self._bound[(key, replica_id)] = self.compressor.bind(context)
         return self._bound[(key, replica_id)]
@@ -123,7 +125,10 @@ class CompressingCollectiveAllReduce(internal.CollectiveAllReduce):
         """Sum over all replicas of ``values`` through compressed payloads."""
         options = self._options.merge(options)
         values = [tf.convert_to_tensor(v) for v in values]
-        bound = [self.bound_compressor(key, replica_id) for key in _tensor_keys(values)]
+        bound = [
+            self.bound_compressor(key, replica_id, v)
+            for key, v in zip(_tensor_keys(values), values, strict=True)
+        ]
         # Like TensorFlow, launch in reverse order: the last layers' gradients are
         # ready first in backprop, so their collectives can start earliest.
         order = list(reversed(range(len(values))))
