@@ -258,7 +258,9 @@ def test_stateful_compressor_is_bound_per_tensor_and_replica():
     bound = strategy.extended._cross_device_ops.bound_compressors
     # three tensors (two of the same shape get distinct keys) x two replicas
     assert sorted(bound) == sorted(
-        (key, replica) for key in ["float32[8]#0", "float32[8]#1", "float32[2,4]#0"] for replica in (0, 1)
+        (key, replica)
+        for key in ["float32[8]#0", "float32[8]#1", "float32[2,4]#0"]
+        for replica in (0, 1)
     )
     memories = {id(c.variables[0]) for c in bound.values()}
     assert len(memories) == 6
