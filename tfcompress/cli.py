@@ -23,6 +23,7 @@ __all__ = ["main"]
 # description in ``tfcompress NAME --help``.
 _SUBCOMMANDS: tuple[tuple[str, str, str], ...] = (
     ("launch", "tfcompress.launch.launcher", "run a command as N local TensorFlow workers"),
+    ("bench", "tfcompress.bench.command", "benchmarks: print tables, draw plots"),
 )
 
 

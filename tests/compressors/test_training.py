@@ -1,0 +1,62 @@
+"""Every compressor trains a small CNN under the 2-worker strategy with model.fit.
+
+Fashion-MNIST (4,096 training images, 3 epochs) through
+examples/fashion_mnist/train.py; biased compressors run inside ErrorFeedback.
+Each must reach a test accuracy within MARGIN of the uncompressed run.
+"""
+
+import json
+import sys
+
+import pytest
+
+from tests.multiworker import ROOT
+from tfcompress.launch import launch
+
+pytestmark = pytest.mark.slow
+
+MARGIN = 0.06
+CONFIGS = {
+    "none": ["--compression", "none"],
+    "qsgd-4bit": ["--compression", "qsgd", "--option", "bits=4", "--option", "seed=1"],
+    "terngrad": ["--compression", "terngrad", "--option", "seed=1"],
+    "signsgd+ef": ["--compression", "signsgd", "--error-feedback"],
+    "topk-1%+ef": ["--compression", "topk", "--option", "ratio=0.01", "--error-feedback"],
+    "threshold+ef": ["--compression", "threshold", "--option", "value=0.001", "--error-feedback"],
+    "randomk-25%": ["--compression", "randomk", "--option", "ratio=0.25", "--option", "seed=3"],
+}
+_results: dict[str, dict] = {}
+
+
+def train(name, tmp_path_factory) -> dict:
+    if name not in _results:
+        out = tmp_path_factory.mktemp(name) / "result.json"
+        command = [
+            sys.executable,
+            str(ROOT / "examples/fashion_mnist/train.py"),
+            *CONFIGS[name],
+            "--train-size",
+            "4096",
+            "--epochs",
+            "3",
+            "--batch-size",
+            "128",
+            "--result",
+            str(out),
+        ]
+        run = launch(command, 2, timeout=300, stream=None, env={"PYTHONPATH": str(ROOT)})
+        assert run.returncode == 0, run.format_logs()
+        _results[name] = json.loads(out.read_text())
+    return _results[name]
+
+
+@pytest.mark.parametrize("name", [n for n in CONFIGS if n != "none"])
+def test_accuracy_near_uncompressed(name, tmp_path_factory):
+    baseline = train("none", tmp_path_factory)
+    result = train(name, tmp_path_factory)
+    print(
+        f"{name}: accuracy {result['test_accuracy']:.4f} vs {baseline['test_accuracy']:.4f} "
+        f"uncompressed; ratio {result['compression_ratio']:.2f}x"
+    )
+    assert result["test_accuracy"] >= baseline["test_accuracy"] - MARGIN
+    assert result["compression_ratio"] > 1.5

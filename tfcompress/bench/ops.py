@@ -1,0 +1,216 @@
+"""Compressor throughput: C++ kernels vs pure-TF references vs a memory copy.
+
+For each compressor and tensor size, times ``decompress(compress(x))`` of a
+float32 tensor inside one ``tf.function`` (median of ``--repeats`` calls after
+a warm-up call), once with the C++ kernels and once with the pure-TF
+references, and reports GB/s of float32 input, the kernel's speed-up over the
+reference, its share of a plain memory copy's bandwidth (NumPy ``copyto`` of
+the same bytes, measured in the same run) and the compression ratio (input
+bytes / payload bytes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+import numpy as np
+import tensorflow as tf
+
+import tfcompress
+from tfcompress import compressors as C
+from tfcompress import ops
+
+__all__ = ["CASES", "main", "measure"]
+
+
+def _compressor_cases() -> dict[str, Callable[[], C.Compressor]]:
+    cases: dict[str, Callable[[], C.Compressor]] = {
+        "identity": C.Identity,
+        "fp16": C.FP16,
+    }
+    optional = {
+        "qsgd 4-bit": ("qsgd", {"bits": 4, "seed": 1}),
+        "terngrad": ("terngrad", {"seed": 1}),
+        "signsgd": ("signsgd", {}),
+        "topk 1%": ("topk", {"ratio": 0.01}),
+        "threshold": ("threshold", {"value": 2.5}),
+        "randomk 1%": ("randomk", {"ratio": 0.01, "seed": 1}),
+    }
+    for label, (name, options) in optional.items():
+        if name in C.available():
+            cases[label] = lambda name=name, options=options: C.get(name, **options)
+    return cases
+
+
+CASES = _compressor_cases
+
+
+def _round_trip_fn(label: str):
+    if label == "pack_signs":
+        return lambda x: ops.unpack_signs(ops.pack_signs(x), tf.size(x, out_type=tf.int64)), None
+    if label == "pack_bits 4-bit":
+
+        def fn(x):
+            values = tf.cast(tf.bitwise.bitwise_and(tf.bitcast(x, tf.int32), 15), tf.int32)
+            return ops.unpack_bits(ops.pack_bits(values, 4), tf.size(x, out_type=tf.int64), 4)
+
+        return fn, None
+    compressor = _compressor_cases()[label]()
+
+    def fn(x):
+        return compressor.decompress(compressor.compress(x))
+
+    return fn, compressor
+
+
+def _payload_ratio(label: str, x: tf.Tensor) -> float:
+    if label == "pack_signs":
+        return 32.0
+    if label == "pack_bits 4-bit":
+        return 8.0
+    compressor = _compressor_cases()[label]()
+    payload = compressor.compress(x)
+    return x.shape.num_elements() * 4 / max(int(C.payload_nbytes(payload)), 1)
+
+
+def measure(fn: Callable[[], object], repeats: int) -> float:
+    """Median seconds of ``fn()`` over ``repeats`` calls after one warm-up call."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def _memcpy_seconds(n: int, repeats: int) -> float:
+    src = np.random.default_rng(0).normal(size=n).astype(np.float32)
+    dst = np.empty_like(src)
+    return measure(lambda: np.copyto(dst, src), repeats)
+
+
+def main(args: argparse.Namespace) -> int:
+    labels = ["pack_signs", "pack_bits 4-bit", *list(_compressor_cases())]
+    if args.only:
+        unknown = sorted(set(args.only) - set(labels))
+        if unknown:
+            print(f"unknown labels {unknown}; valid: {labels}", file=sys.stderr)
+            return 2
+        labels = [label for label in labels if label in args.only]
+    kernel = ops.kernel_available()
+    impls = ["kernel", "reference"] if kernel else ["reference"]
+    total = len(args.sizes) * len(labels) * len(impls)
+    rows = []
+    done = 0
+    for n in args.sizes:
+        x = tf.constant(np.random.default_rng(1).normal(size=n).astype(np.float32))
+        copy_s = _memcpy_seconds(n, args.repeats)
+        rows.append(
+            {
+                "label": "memory copy",
+                "size": n,
+                "impl": "numpy",
+                "gbps": 4 * n / copy_s / 1e9,
+                "seconds": copy_s,
+                "ratio": 1.0,
+            }
+        )
+        for label in labels:
+            ratio = _payload_ratio(label, x)
+            for impl in impls:
+                done += 1
+                print(
+                    f"\r[{done}/{total}] {label} n={n:,} {impl} ...".ljust(60),
+                    end="",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                with ops.implementation(impl):
+                    fn, _ = _round_trip_fn(label)
+                    graph = tf.function(fn)
+                    graph.get_concrete_function(x)  # trace inside the chosen implementation
+                    seconds = measure(lambda graph=graph, x=x: graph(x).numpy(), args.repeats)
+                rows.append(
+                    {
+                        "label": label,
+                        "size": n,
+                        "impl": impl,
+                        "gbps": 4 * n / seconds / 1e9,
+                        "seconds": seconds,
+                        "ratio": ratio,
+                        "memcpy_gbps": 4 * n / copy_s / 1e9,
+                    }
+                )
+    print(file=sys.stderr)
+    table = format_table(rows)
+    print(table)
+    if args.out:
+        out = pathlib.Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "ops.json").write_text(json.dumps(rows, indent=2))
+        (out / "ops.md").write_text(table + "\n")
+        if args.plot:
+            _plot(rows, out / "ops.png")
+        print(f"\nwritten: {out}/ops.md" + (f", {out}/ops.png" if args.plot else ""))
+    return 0
+
+
+def format_table(rows: list[dict]) -> str:
+    """Markdown table: one line per (compressor, size) with kernel and reference side by side."""
+    lines = [
+        "| compressor | elements | kernel GB/s | reference GB/s | kernel / reference | kernel / memcpy | ratio |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    by_key: dict[tuple[str, int], dict[str, dict]] = {}
+    for r in rows:
+        by_key.setdefault((r["label"], r["size"]), {})[r["impl"]] = r
+    for (label, size), impls in by_key.items():
+        if "numpy" in impls:
+            lines.append(
+                f"| memory copy (NumPy) | {size:,} | {impls['numpy']['gbps']:.2f} | | | | 1.00x |"
+            )
+            continue
+        k, ref = impls.get("kernel"), impls["reference"]
+        kernel_cell = f"{k['gbps']:.2f}" if k else "n/a"
+        speedup = f"{k['gbps'] / ref['gbps']:.1f}x" if k else ""
+        share = f"{k['gbps'] / k['memcpy_gbps']:.2f}" if k else ""
+        lines.append(
+            f"| {label} | {size:,} | {kernel_cell} | {ref['gbps']:.2f} | {speedup} | {share} | {ref['ratio']:.1f}x |"
+        )
+    return "\n".join(lines)
+
+
+def _plot(rows: list[dict], path: pathlib.Path) -> None:
+    import matplotlib  # noqa: PLC0415
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    sizes = sorted({r["size"] for r in rows})
+    fig, axes = plt.subplots(1, len(sizes), figsize=(6 * len(sizes), 5), squeeze=False)
+    for ax, n in zip(axes[0], sizes, strict=True):
+        sel = [r for r in rows if r["size"] == n and r["impl"] != "numpy"]
+        labels = list(dict.fromkeys(r["label"] for r in sel))
+        pos = np.arange(len(labels))
+        for offset, impl in ((-0.2, "kernel"), (0.2, "reference")):
+            vals = [
+                next((r["gbps"] for r in sel if r["label"] == lb and r["impl"] == impl), 0)
+                for lb in labels
+            ]
+            ax.bar(pos + offset, vals, width=0.4, label=impl)
+        copy = next(r["gbps"] for r in rows if r["size"] == n and r["impl"] == "numpy")
+        ax.axhline(copy, color="k", linestyle="--", label="memory copy")
+        ax.set_xticks(pos, labels, rotation=45, ha="right")
+        ax.set_yscale("log")
+        ax.set_ylabel("GB/s of float32 input")
+        ax.set_title(f"{n:,} elements, tfcompress {tfcompress.__version__}")
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
