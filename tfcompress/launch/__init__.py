@@ -6,5 +6,13 @@ from tfcompress.launch.launcher import (
     launch,
     make_tf_config,
 )
+from tfcompress.launch.netns import BandwidthLimitedCluster, NetnsError
 
-__all__ = ["LaunchResult", "free_ports", "launch", "make_tf_config"]
+__all__ = [
+    "BandwidthLimitedCluster",
+    "LaunchResult",
+    "NetnsError",
+    "free_ports",
+    "launch",
+    "make_tf_config",
+]

@@ -1,4 +1,4 @@
-"""``python -m tfcompress.launch -n N [--timeout S] [--port-base P] -- CMD [ARG ...]``.
+"""``python -m tfcompress.launch -n N [--timeout S] [--bandwidth RATE [--latency MS]] -- CMD``.
 
 The same as ``tfcompress launch``, for when the console script is not on ``PATH``.
 """

@@ -11,6 +11,13 @@ each worker's full log, and never leaves a worker behind: when one worker fails,
 run times out, or the launcher itself is interrupted, every worker's process group is
 sent SIGTERM and, after a grace period, SIGKILL.
 
+With ``--bandwidth`` (root only), the workers talk over links of that speed instead of
+unlimited loopback: each runs in a network namespace of its own behind a shaped
+software switch, with ``--latency`` milliseconds of one-way delay if asked (see
+:mod:`tfcompress.launch.netns`)::
+
+    sudo tfcompress launch -n 4 --bandwidth 1gbit --latency 5 -- python train.py
+
 This module must not import TensorFlow: ``tfcompress launch`` should start at once.
 """
 
@@ -19,8 +26,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import errno
 import json
+import math
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -30,8 +40,11 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import IO, TextIO
 
+from tfcompress.launch import netns
+
 __all__ = [
     "DEFAULT_GRACE_PERIOD",
+    "NETNS_PORT_BASE",
     "TIMEOUT_EXIT_CODE",
     "LaunchResult",
     "configure_parser",
@@ -48,6 +61,10 @@ DEFAULT_GRACE_PERIOD = 5.0
 
 #: Exit code of a timed-out run, as GNU ``timeout`` uses it.
 TIMEOUT_EXIT_CODE = 124
+
+#: With ``bandwidth``, worker ``i`` listens on port ``NETNS_PORT_BASE + i`` by default:
+#: each has a namespace, hence a port space, of its own, so any port is free.
+NETNS_PORT_BASE = 20000
 
 # How often the supervising loop looks at the workers. Short enough that a failure
 # stops the others promptly, long enough to cost nothing.
@@ -91,6 +108,7 @@ class LaunchResult:
         failed_worker: Index of the worker whose failure ended the run, if any.
         timeout: The timeout the run had, in seconds.
         worker_pids: Process id of each worker (also its process group id).
+        worker_addresses: Each worker's ``host:port``, as in its ``TF_CONFIG``.
     """
 
     returncode: int
@@ -100,6 +118,7 @@ class LaunchResult:
     failed_worker: int | None = None
     timeout: float | None = None
     worker_pids: list[int] = dataclasses.field(default_factory=list)
+    worker_addresses: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def stopped_workers(self) -> list[int]:
@@ -170,27 +189,40 @@ def free_ports(n: int, host: str = LOCALHOST) -> list[int]:
     return ports
 
 
-def make_tf_config(ports: Sequence[int], index: int, host: str = LOCALHOST) -> dict:
+def make_tf_config(
+    ports: Sequence[int],
+    index: int,
+    host: str = LOCALHOST,
+    *,
+    hosts: Sequence[str] | None = None,
+) -> dict:
     """Builds the ``TF_CONFIG`` of one worker in a local cluster.
 
     Args:
         ports: One port per worker; worker ``i`` listens on ``host:ports[i]``.
         index: This worker's index.
         host: Address every worker listens on.
+        hosts: One address per worker instead of ``host``.
 
     Returns:
         The ``TF_CONFIG`` dictionary (``json.dumps`` it into the environment).
 
     Raises:
-        ValueError: If ``index`` is not a valid worker index.
+        ValueError: If ``index`` is not a valid worker index, or ``hosts`` has the
+            wrong length.
 
     >>> make_tf_config([2222, 2223], 1)
     {'cluster': {'worker': ['127.0.0.1:2222', '127.0.0.1:2223']}, 'task': {'type': 'worker', 'index': 1}}
+    >>> make_tf_config([2222, 2222], 0, hosts=["10.0.0.1", "10.0.0.2"])["cluster"]
+    {'worker': ['10.0.0.1:2222', '10.0.0.2:2222']}
     """
     if not 0 <= index < len(ports):
         raise ValueError(f"index must be in [0, {len(ports)}), got {index}")
+    hosts = [host] * len(ports) if hosts is None else list(hosts)
+    if len(hosts) != len(ports):
+        raise ValueError(f"need {len(ports)} hosts, got {len(hosts)}")
     return {
-        "cluster": {"worker": [f"{host}:{port}" for port in ports]},
+        "cluster": {"worker": [f"{h}:{port}" for h, port in zip(hosts, ports, strict=True)]},
         "task": {"type": "worker", "index": index},
     }
 
@@ -205,6 +237,8 @@ def launch(
     stream: TextIO | _CurrentStdout | None = _CURRENT_STDOUT,
     ports: Sequence[int] | None = None,
     grace_period: float = DEFAULT_GRACE_PERIOD,
+    bandwidth: str | None = None,
+    latency_ms: float | None = None,
 ) -> LaunchResult:
     """Runs ``command`` as ``num_workers`` local workers and waits for all of them.
 
@@ -218,7 +252,14 @@ def launch(
     are stopped), when ``timeout`` elapses (all are stopped), or on KeyboardInterrupt
     or SIGTERM to this process (all are stopped, then the interrupt propagates: SIGTERM
     as ``SystemExit(143)``, and only when SIGTERM had its default handler and this is
-    the main thread).
+    the main thread; SIGHUP likewise, as ``SystemExit(129)``).
+
+    With ``bandwidth``, worker ``i`` runs in a network namespace of its own, behind a
+    switch that limits its link to ``bandwidth`` in each direction (see
+    :class:`~tfcompress.launch.netns.BandwidthLimitedCluster`); its ``TF_CONFIG``
+    address is its namespace's, its port ``NETNS_PORT_BASE + i`` by default. The
+    namespaces are deleted when the run ends, however it ends. This needs root, ``ip``
+    and ``tc``; without ``bandwidth``, workers share the loopback at full speed.
 
     Args:
         command: The program and its arguments, run by every worker.
@@ -230,13 +271,20 @@ def launch(
             ``[worker i] ``; ``None`` to echo nothing. Defaults to ``sys.stdout``.
         ports: One port per worker; by default, :func:`free_ports`.
         grace_period: Seconds between SIGTERM and SIGKILL when stopping workers.
+        bandwidth: Each worker's link speed in tc's syntax, e.g. ``"100mbit"``,
+            ``"1gbit"``; ``None`` for unlimited loopback.
+        latency_ms: One-way delay between any two workers, in milliseconds (a round
+            trip takes ``2 * latency_ms`` longer); needs ``bandwidth``.
 
     Returns:
         The run's :class:`LaunchResult`.
 
     Raises:
         ValueError: If ``command`` is empty, ``num_workers < 1``, ``timeout`` is not
-            positive, or ``ports`` has the wrong length.
+            positive, ``ports`` has the wrong length, ``bandwidth`` is not a rate, or
+            ``latency_ms`` is negative or given without ``bandwidth``.
+        NetnsError: With ``bandwidth``, if this is not root, ``ip`` or ``tc`` is
+            missing, or the namespaces cannot be set up (with the command's error).
         OSError: If a worker cannot be started (the ones already started are stopped).
     """
     command = list(command)
@@ -246,9 +294,24 @@ def launch(
         raise ValueError(f"num_workers must be >= 1, got {num_workers}")
     if timeout is not None and timeout <= 0:
         raise ValueError(f"timeout must be positive, got {timeout}")
-    ports = list(ports) if ports is not None else free_ports(num_workers)
+    network = None
+    if bandwidth is not None:
+        network = netns.BandwidthLimitedCluster(num_workers, bandwidth, latency_ms)
+    elif latency_ms is not None:
+        raise ValueError("--latency needs --bandwidth (latency_ms needs bandwidth)")
+    if ports is None:
+        ports = (
+            free_ports(num_workers)
+            if network is None
+            else [NETNS_PORT_BASE + index for index in range(num_workers)]
+        )
+    ports = list(ports)
     if len(ports) != num_workers:
         raise ValueError(f"need {num_workers} ports, got {len(ports)}")
+    if network is not None:
+        netns.check_prerequisites()
+        # ``ip netns exec`` would report a missing program only as its own exit status.
+        _check_program_exists(command[0], env, cwd)
     if isinstance(stream, _CurrentStdout):
         stream = sys.stdout
 
@@ -260,16 +323,20 @@ def launch(
     deadline = None if timeout is None else time.monotonic() + timeout
     timed_out = False
     failed_worker = None
+    hosts = [LOCALHOST] * num_workers
 
     with _sigterm_raises_system_exit():
         try:
+            if network is not None:
+                network.open()
+                hosts = network.addresses
             for index in range(num_workers):
                 process = subprocess.Popen(
-                    command,
+                    command if network is None else network.command(index, command),
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.PIPE,
                     stderr=subprocess.STDOUT,
-                    env=_worker_env(env, ports, index),
+                    env=_worker_env(env, ports, hosts, index),
                     cwd=cwd,
                     start_new_session=True,
                 )
@@ -301,6 +368,8 @@ def launch(
                 _stop_process_groups(processes, grace_period)
                 for reader in readers:
                     reader.join(_READER_JOIN_TIMEOUT)
+                if network is not None:
+                    network.close()
 
     if timed_out:
         returncode = TIMEOUT_EXIT_CODE
@@ -316,17 +385,33 @@ def launch(
         failed_worker=failed_worker,
         timeout=timeout,
         worker_pids=[process.pid for process in processes],
+        worker_addresses=[f"{host}:{port}" for host, port in zip(hosts, ports, strict=True)],
     )
 
 
-def _worker_env(extra: Mapping[str, str] | None, ports: Sequence[int], index: int) -> dict:
+def _worker_env(
+    extra: Mapping[str, str] | None, ports: Sequence[int], hosts: Sequence[str], index: int
+) -> dict:
     worker_env = dict(os.environ)
     worker_env.update(extra or {})
     worker_env.setdefault("PYTHONUNBUFFERED", "1")
-    worker_env["TF_CONFIG"] = json.dumps(make_tf_config(ports, index))
+    worker_env["TF_CONFIG"] = json.dumps(make_tf_config(ports, index, hosts=hosts))
     worker_env["TFCOMPRESS_WORKER_INDEX"] = str(index)
     worker_env["TFCOMPRESS_NUM_WORKERS"] = str(len(ports))
     return worker_env
+
+
+def _check_program_exists(
+    program: str, env: Mapping[str, str] | None, cwd: str | os.PathLike | None
+) -> None:
+    """Raises the ``FileNotFoundError`` that ``Popen`` would for a missing program."""
+    if os.sep in program:
+        found = os.access(os.path.join(cwd or os.curdir, program), os.X_OK)
+    else:
+        search_path = (env or {}).get("PATH", os.environ.get("PATH", os.defpath))
+        found = shutil.which(program, path=search_path) is not None
+    if not found:
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), program)
 
 
 class _Echo:
@@ -423,31 +508,37 @@ def _group_has_live_members(pgid: int) -> bool:
 
 @contextlib.contextmanager
 def _sigterm_raises_system_exit() -> Iterator[None]:
-    """Turns SIGTERM into ``SystemExit(143)`` so the workers are stopped first.
+    """Turns SIGTERM and SIGHUP into ``SystemExit(128 + n)`` so cleanup runs first.
 
-    Only where Python allows it (main thread) and where nobody installed a handler of
-    their own, which is left alone.
+    The workers are stopped, and network namespaces deleted, instead of being left to a
+    launcher killed outright. Only where Python allows it (main thread), and only for
+    the signals nobody installed a handler of their own for (or ignores, as ``nohup``
+    does SIGHUP), which are left alone.
     """
-    if (
-        threading.current_thread() is not threading.main_thread()
-        or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
-    ):
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
+    signums = [
+        signum
+        for signum in (signal.SIGTERM, signal.SIGHUP)
+        if signal.getsignal(signum) is signal.SIG_DFL
+    ]
 
-    def on_sigterm(signum: int, frame: object) -> None:
+    def on_signal(signum: int, frame: object) -> None:
         raise SystemExit(128 + signum)
 
-    signal.signal(signal.SIGTERM, on_sigterm)
+    for signum in signums:
+        signal.signal(signum, on_signal)
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        for signum in signums:
+            signal.signal(signum, signal.SIG_DFL)
 
 
 @contextlib.contextmanager
 def _signals_ignored() -> Iterator[None]:
-    """Holds off SIGINT and SIGTERM while the workers are being stopped.
+    """Holds off SIGINT, SIGTERM and SIGHUP while the workers are being stopped.
 
     A second Ctrl-C during cleanup would otherwise abandon the workers it is stopping;
     cleanup is bounded by the grace period, so nothing waits long.
@@ -456,7 +547,8 @@ def _signals_ignored() -> Iterator[None]:
         yield
         return
     previous = {
-        signum: signal.signal(signum, signal.SIG_IGN) for signum in (signal.SIGINT, signal.SIGTERM)
+        signum: signal.signal(signum, signal.SIG_IGN)
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
     }
     try:
         yield
@@ -512,7 +604,10 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         type=_port,
         default=None,
         metavar="P",
-        help="worker i listens on port P+i (default: free ports chosen by the OS)",
+        help=(
+            "worker i listens on port P+i (default: free ports chosen by the OS; "
+            f"{NETNS_PORT_BASE}+i with --bandwidth)"
+        ),
     )
     parser.add_argument(
         "--grace-period",
@@ -520,6 +615,26 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_GRACE_PERIOD,
         metavar="S",
         help=f"seconds between SIGTERM and SIGKILL (default: {DEFAULT_GRACE_PERIOD:g})",
+    )
+    network = parser.add_argument_group(
+        "bandwidth-limited network (root only; needs ip and tc from iproute2)",
+        "Each worker runs in a network namespace of its own, linked to a software switch "
+        "at RATE in each direction; without --bandwidth, workers share the loopback at "
+        "full speed.",
+    )
+    network.add_argument(
+        "--bandwidth",
+        type=_rate,
+        default=None,
+        metavar="RATE",
+        help="each worker's link speed, in tc's units: 100mbit, 1gbit, 500kbit, 10mbps (bytes/s)",
+    )
+    network.add_argument(
+        "--latency",
+        type=_milliseconds,
+        default=None,
+        metavar="MS",
+        help="one-way delay between workers, in ms (a round trip takes 2*MS longer)",
     )
     parser.add_argument(
         "command",
@@ -536,7 +651,8 @@ def run_from_args(args: argparse.Namespace) -> int:
 
     Returns:
         The exit status for the launcher: see :attr:`LaunchResult.returncode`; 127 if
-        the command cannot be started, 130 on Ctrl-C, 2 on a usage error.
+        the command cannot be started, 130 on Ctrl-C, 2 on a usage error or when the
+        ``--bandwidth`` network cannot be set up here.
     """
     command = list(args.command)
     if command and command[0] == "--":
@@ -550,6 +666,11 @@ def run_from_args(args: argparse.Namespace) -> int:
         if ports[-1] > 65535:
             _report(f"--port-base {args.port_base} leaves no room for {args.num_workers} ports")
             return 2
+    bandwidth = getattr(args, "bandwidth", None)
+    latency_ms = getattr(args, "latency", None)
+    if latency_ms is not None and bandwidth is None:
+        _report("--latency needs --bandwidth (the network-namespace mode)")
+        return 2
     try:
         result = launch(
             command,
@@ -557,7 +678,12 @@ def run_from_args(args: argparse.Namespace) -> int:
             timeout=args.timeout,
             ports=ports,
             grace_period=args.grace_period,
+            bandwidth=bandwidth,
+            latency_ms=latency_ms,
         )
+    except (ValueError, netns.NetnsError) as error:
+        _report(str(error))
+        return 2
     except OSError as error:
         _report(f"cannot start {command[0]!r}: {error}")
         return 127
@@ -591,6 +717,21 @@ def _non_negative_float(text: str) -> float:
     value = float(text)
     if not value >= 0:
         raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+def _rate(text: str) -> str:
+    try:
+        netns.parse_rate(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error).removeprefix("--bandwidth ")) from None
+    return text
+
+
+def _milliseconds(text: str) -> float:
+    value = float(text)
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"must be a number of milliseconds >= 0, got {text}")
     return value
 
 
