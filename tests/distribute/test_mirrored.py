@@ -268,3 +268,24 @@ def test_stateful_compressor_is_bound_per_tensor_and_replica():
     r0 = bound[("float32[8]#0", 0)].variables[0].numpy()
     r1 = bound[("float32[8]#0", 1)].variables[0].numpy()
     assert not np.array_equal(r0, r1)
+
+
+def test_set_compression_applies_to_new_traces():
+    strategy = make("identity", min_size=4)
+
+    def step():
+        ctx = tf.distribute.get_replica_context()
+        return ctx.all_reduce(
+            "sum", tf.fill([8], 0.1 + tf.cast(ctx.replica_id_in_sync_group, tf.float32))
+        )
+
+    exact = local(tf.function(lambda: strategy.run(step))())[0]
+    tfcompress.distribute.set_compression(strategy, "fp16")
+    assert isinstance(tfcompress.distribute.compression_of(strategy), tfcompress.compressors.FP16)
+    half = local(tf.function(lambda: strategy.run(step))())[0]
+    np.testing.assert_array_equal(exact, np.float32(0.1) + np.float32(1.1))
+    np.testing.assert_array_equal(
+        half, np.float32(np.float16(0.1) + np.float16(1.1))
+    )  # summed in float16
+    with pytest.raises(ValueError, match="valid names"):
+        tfcompress.distribute.set_compression(strategy, "nope")

@@ -9,6 +9,7 @@ from tfcompress.distribute.strategy import (
     compression_of,
     is_compressed_strategy,
     reset_traffic_stats,
+    set_compression,
     traffic_stats,
 )
 
@@ -21,5 +22,6 @@ __all__ = [
     "compression_of",
     "is_compressed_strategy",
     "reset_traffic_stats",
+    "set_compression",
     "traffic_stats",
 ]

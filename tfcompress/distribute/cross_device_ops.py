@@ -90,6 +90,10 @@ class CompressingCollectiveAllReduce(internal.CollectiveAllReduce):
             self._bound[(key, replica_id)] = self.compressor.bind(context)
         return self._bound[(key, replica_id)]
 
+    def clear_bound_compressors(self) -> None:
+        """Forgets every bound compressor (their state), e.g. after a compressor change."""
+        self._bound.clear()
+
     @property
     def bound_compressors(self) -> dict[tuple[str, int], Compressor]:
         """Every bound compressor so far, by (tensor key, local replica)."""

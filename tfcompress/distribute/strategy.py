@@ -19,6 +19,7 @@ __all__ = [
     "compression_of",
     "is_compressed_strategy",
     "reset_traffic_stats",
+    "set_compression",
     "traffic_stats",
 ]
 
@@ -123,6 +124,28 @@ def _install(strategy, compressor, policy) -> None:
     # Keras 3's multi-worker fit needs a fix (keras-team/keras#20585); it only
     # acts on strategies made here.
     _keras3_multiworker.install()
+
+
+def set_compression(strategy, compression: Compressor | str | None, **options) -> None:
+    """Replaces the compressor of a tfcompress strategy.
+
+    Functions traced before the change keep the compressor they were traced
+    with (the choice is made at trace time): trace new ones, e.g. with Keras
+    ``model.make_train_function(force=True)``. Per-tensor state of the old
+    compressor is dropped.
+
+    Args:
+      strategy: a strategy made by a tfcompress factory.
+      compression: the new compressor, a registry name, or ``None`` (exact).
+      **options: options for a compressor given by name.
+    """
+    if not is_compressed_strategy(strategy):
+        raise ValueError("not a tfcompress strategy (use tfcompress.distribute.*Strategy)")
+    compressor = registry.get(compression, **options)
+    ops = strategy.extended._cross_device_ops  # pylint: disable=protected-access
+    ops.compressor = compressor
+    ops.clear_bound_compressors()
+    strategy._tfcompress_compression = compressor  # pylint: disable=protected-access
 
 
 def is_compressed_strategy(strategy) -> bool:
