@@ -25,6 +25,28 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     ops.add_argument("--only", nargs="*", help="labels to run (default: all)")
     ops.add_argument("--out", default=None, help="folder for ops.md, ops.json and ops.png")
     ops.add_argument("--plot", action="store_true", help="also draw ops.png (matplotlib)")
+    _configure_aggregate(benchmarks)
+
+
+def _configure_aggregate(benchmarks) -> None:
+    agg = benchmarks.add_parser(
+        "aggregate",
+        help="time of one gradient aggregation per compressor, workers and link rate",
+        description="Compress + collective + decompress time for a model's gradient shapes.",
+    )
+    agg.add_argument("--models", nargs="+", default=["resnet20", "resnet18"])
+    agg.add_argument("--workers", type=int, nargs="+", default=[2, 4])
+    agg.add_argument(
+        "--bandwidth",
+        nargs="+",
+        default=["100mbit", "1gbit"],
+        help="link rates (tc syntax); 'none' for unlimited loopback (no root needed)",
+    )
+    agg.add_argument("--variants", nargs="*", help="variant labels (default: all)")
+    agg.add_argument("--repeats", type=int, default=3)
+    agg.add_argument("--timeout", type=float, default=1800, help="seconds per launch")
+    agg.add_argument("--out", default=None)
+    agg.add_argument("--plot", action="store_true")
 
 
 def run_from_args(args: argparse.Namespace) -> int:
@@ -33,4 +55,8 @@ def run_from_args(args: argparse.Namespace) -> int:
         from tfcompress.bench import ops  # noqa: PLC0415 - TensorFlow only when running
 
         return ops.main(args)
+    if args.benchmark == "aggregate":
+        from tfcompress.bench import aggregate  # noqa: PLC0415
+
+        return aggregate.main(args)
     raise ValueError(f"unknown benchmark {args.benchmark!r}")
