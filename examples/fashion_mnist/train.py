@@ -13,6 +13,7 @@ and prints the comparison table.
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import os
 import time
@@ -44,6 +45,12 @@ parser.add_argument(
 )
 parser.add_argument("--result", default=None, help="JSON file the chief writes its summary to")
 parser.add_argument("--seed", type=int, default=1)
+parser.add_argument(
+    "--curve",
+    default=None,
+    help="JSON file the chief writes per-epoch curves to (training time, bytes, loss, test accuracy); "
+    "adds a validation pass on the test set after each epoch",
+)
 args = parser.parse_args()
 
 if args.keras == "tf_keras":
@@ -59,10 +66,21 @@ else:
 
 import tfcompress  # noqa: E402
 
-options = dict(kv.split("=", 1) for kv in args.option)
+
+def parse_value(text: str):
+    """'0.01' -> 0.01, '4' -> 4, 'None' -> None; anything else stays a string."""
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+
+
+options = {key: parse_value(value) for key, value in (kv.split("=", 1) for kv in args.option)}
 compression = (
     None if args.compression == "none" else tfcompress.compressors.get(args.compression, **options)
 )
+if args.error_feedback:
+    compression = tfcompress.compressors.ErrorFeedback(compression)
 strategy = tfcompress.distribute.MultiWorkerMirroredStrategy(compression=compression)
 
 keras.utils.set_random_seed(args.seed)
@@ -120,11 +138,50 @@ class LastEpochMeter(keras.callbacks.Callback):
             self.stats = tfcompress.distribute.traffic_stats(strategy)
 
 
+class CurveRecorder(keras.callbacks.Callback):
+    """Per epoch: cumulative training seconds (validation excluded), bytes sent, loss, accuracy."""
+
+    def __init__(self):
+        super().__init__()
+        self.points = []
+        self.training_seconds = 0.0
+        self.bytes_sent = 0
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.bytes_at_start = tfcompress.distribute.traffic_stats(strategy)["bytes_sent"]
+        self.start = time.perf_counter()
+
+    def on_test_begin(self, logs=None):  # validation starts: the epoch's training is over
+        if self.start is not None:
+            self.training_seconds += time.perf_counter() - self.start
+            self.start = None
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self.start is not None:
+            self.on_test_begin()
+        # bytes of this epoch's training steps only: the meter above resets the
+        # counters at the last epoch, so accumulate differences per epoch
+        stats = tfcompress.distribute.traffic_stats(strategy)["bytes_sent"]
+        self.bytes_sent += max(stats - self.bytes_at_start, 0)
+        self.points.append(
+            {
+                "epoch": epoch + 1,
+                "training_seconds": self.training_seconds,
+                "bytes_sent": self.bytes_sent,
+                "loss": float(logs["loss"]),
+                "accuracy": float(logs["accuracy"]),
+                "test_accuracy": float(logs.get("val_accuracy", float("nan"))),
+            }
+        )
+
+
 meter = LastEpochMeter()
+curve = CurveRecorder()
 history = model.fit(
     make_dataset(x_train, y_train, shuffle=True),
     epochs=args.epochs,
-    callbacks=[meter],
+    callbacks=[meter, curve] if args.curve else [meter],
+    validation_data=make_dataset(x_test, y_test, shuffle=False) if args.curve else None,
     verbose=2 if strategy.cluster_resolver.task_id == 0 else 0,
 )
 evaluation = model.evaluate(
@@ -148,6 +205,9 @@ summary["compression_ratio"] = (
     summary["bytes_uncompressed_per_step"] / summary["bytes_sent_per_step"]
 )
 print(json.dumps(summary))
+if args.curve and strategy.cluster_resolver.task_id == 0:
+    with open(args.curve, "w") as f:
+        json.dump({"summary": summary, "points": curve.points}, f, indent=2)
 if args.result and strategy.cluster_resolver.task_id == 0:
     with open(args.result, "w") as f:
         json.dump(summary, f, indent=2)

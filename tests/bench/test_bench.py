@@ -74,3 +74,31 @@ def test_bench_aggregate_loopback(tmp_path):
     # float16 payloads: half the bytes of the compressible (>= 1024 element) tensors
     assert rows["fp16"]["bytes_sent"] < 0.55 * rows["uncompressed"]["bytes_sent"]
     assert rows["uncompressed"]["bytes_sent"] == rows["uncompressed"]["bytes_uncompressed"]
+
+
+@pytest.mark.slow
+def test_bench_train_loopback(tmp_path):
+    proc = run_cli(
+        "train",
+        "--variants",
+        "fp16",
+        "--bandwidth",
+        "none",
+        "--epochs",
+        "2",
+        "--train-size",
+        "1024",
+        "--batch-size",
+        "64",
+        "--target",
+        "0.5",
+        "--out",
+        str(tmp_path),
+        "--plot",
+    )
+    assert "| fp16 |" in proc.stdout
+    curve = json.loads((tmp_path / "train.json").read_text())["fp16"]
+    assert [p["epoch"] for p in curve["points"]] == [1, 2]
+    assert curve["points"][1]["bytes_sent"] > curve["points"][0]["bytes_sent"] > 0
+    assert curve["points"][1]["training_seconds"] > curve["points"][0]["training_seconds"] > 0
+    assert (tmp_path / "train.png").stat().st_size > 0

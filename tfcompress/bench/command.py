@@ -26,6 +26,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     ops.add_argument("--out", default=None, help="folder for ops.md, ops.json and ops.png")
     ops.add_argument("--plot", action="store_true", help="also draw ops.png (matplotlib)")
     _configure_aggregate(benchmarks)
+    _configure_train(benchmarks)
 
 
 def _configure_aggregate(benchmarks) -> None:
@@ -49,6 +50,24 @@ def _configure_aggregate(benchmarks) -> None:
     agg.add_argument("--plot", action="store_true")
 
 
+def _configure_train(benchmarks) -> None:
+    train = benchmarks.add_parser(
+        "train",
+        help="time to accuracy on Fashion-MNIST per compressor at a link rate",
+        description="Fashion-MNIST training curves (accuracy vs time and vs bytes) per compressor.",
+    )
+    train.add_argument("--bandwidth", default="100mbit", help="link rate, or 'none' for loopback")
+    train.add_argument("--workers", type=int, default=2)
+    train.add_argument("--variants", nargs="*", help="variant labels (default: all)")
+    train.add_argument("--epochs", type=int, default=4)
+    train.add_argument("--train-size", type=int, default=20000)
+    train.add_argument("--batch-size", type=int, default=128)
+    train.add_argument("--target", type=float, default=0.8, help="test accuracy for 'time to'")
+    train.add_argument("--timeout", type=float, default=1800, help="seconds per training run")
+    train.add_argument("--out", default=None)
+    train.add_argument("--plot", action="store_true")
+
+
 def run_from_args(args: argparse.Namespace) -> int:
     """Runs the chosen benchmark."""
     if args.benchmark == "ops":
@@ -59,4 +78,8 @@ def run_from_args(args: argparse.Namespace) -> int:
         from tfcompress.bench import aggregate  # noqa: PLC0415
 
         return aggregate.main(args)
+    if args.benchmark == "train":
+        from tfcompress.bench import train  # noqa: PLC0415
+
+        return train.main(args)
     raise ValueError(f"unknown benchmark {args.benchmark!r}")

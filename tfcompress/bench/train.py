@@ -1,0 +1,156 @@
+"""Time to accuracy: Fashion-MNIST training per compressor at a chosen link rate.
+
+Runs ``examples/fashion_mnist/train.py`` once per variant under the launcher
+(``--bandwidth``: network namespaces behind a rate-limited bridge, needs root;
+``none``: loopback), with a validation pass on the test set after each epoch,
+and collects per-epoch curves: training time (validation excluded), bytes
+each worker handed to the collectives, loss and test accuracy. Writes a
+markdown table (final accuracy, training time, time to reach the target
+accuracy, bytes) and a PNG with accuracy vs wall-clock and vs bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import sys
+import tempfile
+
+__all__ = ["VARIANTS", "main"]
+
+# label -> train.py arguments
+VARIANTS: dict[str, list[str]] = {
+    "uncompressed": ["--compression", "none"],
+    "fp16": ["--compression", "fp16"],
+    "qsgd 4-bit": ["--compression", "qsgd", "--option", "bits=4", "--option", "seed=1"],
+    "topk 1% + EF": ["--compression", "topk", "--option", "ratio=0.01", "--error-feedback"],
+    "signsgd + EF": ["--compression", "signsgd", "--error-feedback"],
+}
+
+
+def _train_script() -> pathlib.Path:
+    here = pathlib.Path(__file__).resolve()
+    script = here.parents[2] / "examples" / "fashion_mnist" / "train.py"
+    if not script.is_file():
+        raise FileNotFoundError(f"{script} not found (bench train needs a source checkout)")
+    return script
+
+
+def main(args: argparse.Namespace) -> int:
+    from tfcompress.compressors import available  # noqa: PLC0415
+    from tfcompress.launch import launch  # noqa: PLC0415
+
+    labels = args.variants or list(VARIANTS)
+    out = pathlib.Path(args.out or tempfile.mkdtemp(prefix="tfcompress-bench-train-"))
+    out.mkdir(parents=True, exist_ok=True)
+    curves = {}
+    for k, label in enumerate(labels, 1):
+        extra = VARIANTS[label]
+        name = extra[1]
+        if name != "none" and name not in available():
+            print(f"[{k}/{len(labels)}] {label}: not available, skipped", file=sys.stderr)
+            continue
+        print(
+            f"[{k}/{len(labels)}] {label}: training on {args.workers} workers at {args.bandwidth} ...",
+            file=sys.stderr,
+            flush=True,
+        )
+        curve_file = out / f"curve-{k}.json"
+        command = [
+            sys.executable,
+            str(_train_script()),
+            *extra,
+            "--epochs",
+            str(args.epochs),
+            "--train-size",
+            str(args.train_size),
+            "--batch-size",
+            str(args.batch_size),
+            "--curve",
+            str(curve_file),
+        ]
+        env = {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": os.pathsep.join(sys.path)}
+        run = launch(
+            command,
+            args.workers,
+            timeout=args.timeout,
+            stream=None,
+            env=env,
+            bandwidth=None if args.bandwidth == "none" else args.bandwidth,
+        )
+        if run.returncode != 0:
+            print(run.format_logs(), file=sys.stderr)
+            return run.returncode or 1
+        curves[label] = json.loads(curve_file.read_text())
+    table = format_table(curves, args.target)
+    print(table)
+    (out / "train.json").write_text(json.dumps(curves, indent=2))
+    (out / "train.md").write_text(table + "\n")
+    if args.plot:
+        _plot(curves, out / "train.png", args.bandwidth)
+    print(f"\nwritten: {out}/train.md" + (f", {out}/train.png" if args.plot else ""))
+    return 0
+
+
+def _time_to(points: list[dict], target: float) -> float | None:
+    for p in points:
+        if p["test_accuracy"] >= target:
+            return p["training_seconds"]
+    return None
+
+
+def format_table(curves: dict[str, dict], target: float) -> str:
+    """Markdown table: final test accuracy, training time, time to target, bytes."""
+    lines = [
+        f"| variant | final test accuracy | training time (s) | time to {target:.0%} (s) | MB sent / worker | ratio |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    base = curves.get("uncompressed")
+    for label, data in curves.items():
+        last = data["points"][-1]
+        reach = _time_to(data["points"], target)
+        ratio = (
+            (base["points"][-1]["bytes_sent"] / last["bytes_sent"])
+            if base and last["bytes_sent"]
+            else float("nan")
+        )
+        lines.append(
+            f"| {label} | {last['test_accuracy']:.4f} | {last['training_seconds']:.1f} | "
+            f"{'not reached' if reach is None else f'{reach:.1f}'} | {last['bytes_sent'] / 1e6:.1f} | {ratio:.2f}x |"
+        )
+    return "\n".join(lines)
+
+
+def _plot(curves: dict[str, dict], path: pathlib.Path, bandwidth: str) -> None:
+    import matplotlib  # noqa: PLC0415
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for label, data in curves.items():
+        pts = data["points"]
+        left.plot(
+            [p["training_seconds"] for p in pts],
+            [p["test_accuracy"] for p in pts],
+            "o-",
+            label=label,
+        )
+        right.plot(
+            [p["bytes_sent"] / 1e6 for p in pts],
+            [p["test_accuracy"] for p in pts],
+            "o-",
+            label=label,
+        )
+    left.set_xlabel("training time (s)")
+    right.set_xlabel("MB sent per worker")
+    right.set_xscale("log")
+    for ax in (left, right):
+        ax.set_ylabel("test accuracy")
+        ax.grid(True, alpha=0.3)
+    left.set_title(f"Fashion-MNIST, link {bandwidth}")
+    right.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
