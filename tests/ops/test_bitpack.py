@@ -239,6 +239,64 @@ def test_property_round_trip_and_kernel_equals_reference(kernel_library, bits, d
     np.testing.assert_array_equal(reference, values)
 
 
+FAST_PATH_LENGTHS = (0, 1, 7, 8, 9, 63, 64, 65, 127, 128, 129, 1001, 100_000)
+
+
+@pytest.mark.parametrize("dtype", VALUE_DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("bits", range(1, 33))
+def test_every_path_every_dtype_matches_reference(kernel_library, bits, dtype):
+    """Lane (1, 2, 4), byte (8, 16, 24, 32) and accumulator paths, full and partial blocks."""
+    rng = np.random.default_rng(1000 * bits + np.dtype(dtype).itemsize)
+    out_types = [t for t, m in ((tf.uint8, 8), (tf.int32, 31), (tf.int64, 32)) if bits <= m]
+    for n in FAST_PATH_LENGTHS:
+        values = random_values(rng, n, bits, dtype)
+        with ops.implementation("kernel"):
+            packed = ops.pack_bits(values, bits).numpy()
+            unpacked = {t: ops.unpack_bits(packed, n, bits, t).numpy() for t in out_types}
+        message = f"n={n}"
+        np.testing.assert_array_equal(
+            packed, ops.pack_bits_reference(values, bits).numpy(), err_msg=message
+        )
+        np.testing.assert_array_equal(packed, numpy_pack(values, bits), err_msg=message)
+        reference = ops.unpack_bits_reference(packed, n, bits, out_types[-1]).numpy()
+        np.testing.assert_array_equal(reference, values.astype(np.int64), err_msg=message)
+        for out_type, result in unpacked.items():
+            assert result.dtype == out_type.as_numpy_dtype
+            np.testing.assert_array_equal(result, reference, err_msg=f"{message} {out_type.name}")
+
+
+def out_of_range_values(bits: int, dtype) -> list[int]:
+    """Values of `dtype` that do not fit in `bits` bits: too large and negative."""
+    info = np.iinfo(dtype)
+    candidates = [2**bits, 2**bits + 1, info.max, -1, info.min, 2**40]
+    return sorted(
+        {int(v) for v in candidates if info.min <= v <= info.max and not 0 <= v < 2**bits}
+    )
+
+
+@pytest.mark.parametrize("dtype", VALUE_DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("bits", [1, 2, 3, 4, 8, 13, 16, 31, 32])
+def test_range_check_reports_the_first_bad_value(kernel_library, bits, dtype):
+    bad_values = out_of_range_values(bits, dtype)
+    if not bad_values:
+        pytest.skip(f"every {np.dtype(dtype).name} fits in {bits} bits")
+    n = 200_003  # several shards and a partial last block
+    rng = np.random.default_rng(bits)
+    clean = random_values(rng, n, bits, dtype)
+    with ops.implementation("kernel"):
+        np.testing.assert_array_equal(ops.pack_bits(clean, bits).numpy(), numpy_pack(clean, bits))
+        for index, position in enumerate((0, 63, 64, 100_001, n - 1)):
+            bad = bad_values[index % len(bad_values)]
+            values = clean.copy()
+            values[position] = bad
+            if position + 1000 < n:
+                values[position + 1000] = bad_values[0]  # later ones are not reported
+            with pytest.raises(
+                tf.errors.InvalidArgumentError, match=rf"values\[{position}\]` = {bad} "
+            ):
+                ops.pack_bits(values, bits)
+
+
 # --- signs ------------------------------------------------------------------
 
 
@@ -270,6 +328,146 @@ def test_signs_reject_bad_dtypes(impl):
         ops.pack_signs(np.array([1, -1], np.int32))
     with pytest.raises(TypeError, match="dtype"):
         ops.unpack_signs(np.zeros([1], np.uint8), 3, dtype=tf.uint8)
+
+
+SIGN_LENGTHS = (0, 1, 7, 8, 9, 63, 64, 65, 127, 128, 1001, 100_000)
+FLOAT_DTYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64)
+SIGN_DTYPES = (*FLOAT_DTYPES, tf.int8, tf.int16, tf.int32, tf.int64)
+UINT_OF_SIZE = {2: np.uint16, 4: np.uint32, 8: np.uint64}
+EXPONENT_MASK = {
+    tf.float16: 0x7C00,
+    tf.bfloat16: 0x7F80,
+    tf.float32: 0x7F80_0000,
+    tf.float64: 0x7FF0_0000_0000_0000,
+}
+
+
+def sign_test_values(rng: np.random.Generator, n: int, dtype: tf.DType) -> np.ndarray:
+    """Normal values with NaN (both signs), +-0, +-inf and +-subnormals sprinkled in."""
+    x = rng.standard_normal(n).astype(dtype.as_numpy_dtype)
+    if n == 0:
+        return x
+    uint = UINT_OF_SIZE[dtype.size]
+    sign = uint(1) << uint(8 * dtype.size - 1)
+    raw = x.view(uint)
+    infinities_and_nans = np.array([np.inf, -np.inf, np.nan, -np.nan]).astype(x.dtype).view(uint)
+    special_bits = np.concatenate(
+        [np.array([0, sign, 1, sign | uint(1), sign | uint(3)], uint), infinities_and_nans]
+    )  # +-0, subnormals of both signs, +-inf, NaN of both signs
+    where = rng.integers(0, n, size=max(1, n // 10))
+    raw[where] = special_bits[rng.integers(0, len(special_bits), size=len(where))]
+    # The first elements cover every special value whatever n is.
+    raw[: min(n, len(special_bits))] = special_bits[: min(n, len(special_bits))]
+    return x
+
+
+def pack_signs_both(x):
+    with ops.implementation("kernel"):
+        kernel = ops.pack_signs(x).numpy()
+    with ops.implementation("reference"):
+        reference = ops.pack_signs(x).numpy()
+    return kernel, reference
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=lambda d: d.name)
+def test_pack_signs_kernel_matches_reference(kernel_library, dtype):
+    rng = np.random.default_rng(dtype.size)
+    for n in SIGN_LENGTHS:
+        x = sign_test_values(rng, n, dtype)
+        kernel, reference = pack_signs_both(x)
+        assert kernel.shape == ((n + 7) // 8,), n
+        np.testing.assert_array_equal(kernel, reference, err_msg=f"n={n}")
+        # Away from subnormals (see the next test) the bit is plain x < 0.
+        bits = np.unpackbits(kernel, bitorder="little")[:n].astype(bool)
+        uint = UINT_OF_SIZE[dtype.size]
+        raw = x.view(uint)
+        subnormal = ((raw & uint(EXPONENT_MASK[dtype])) == 0) & ((raw << uint(1)) != 0)
+        normal = ~subnormal
+        wide = x.astype(np.float64)
+        np.testing.assert_array_equal(bits[normal], (wide < 0)[normal], err_msg=f"n={n}")
+        if n >= 4:
+            assert not normal.all()  # subnormals were tested too
+
+
+def test_pack_signs_subnormals_follow_tensorflow(kernel_library):
+    for dtype in FLOAT_DTYPES:
+        uint = UINT_OF_SIZE[dtype.size]
+        sign = uint(1) << uint(8 * dtype.size - 1)
+        # Subnormals of both signs, in blocks big enough to be sharded.
+        raw = np.tile(np.array([sign | uint(1), uint(1), sign | uint(2), sign], uint), 50_000)
+        x = raw.view(dtype.as_numpy_dtype)
+        kernel, reference = pack_signs_both(x)
+        np.testing.assert_array_equal(kernel, reference, err_msg=dtype.name)
+        if dtype == tf.float16:
+            # Every float16 converts to a normal float: its subnormals keep their sign.
+            np.testing.assert_array_equal(kernel, np.full(25_000, 0b0101_0101, np.uint8))
+
+
+@pytest.mark.parametrize("dtype", SIGN_DTYPES, ids=lambda d: d.name)
+def test_unpack_signs_kernel_matches_reference(kernel_library, dtype):
+    rng = np.random.default_rng(10 + dtype.size)
+    for n in SIGN_LENGTHS:
+        negative = rng.integers(0, 2, size=n).astype(bool)
+        packed = np.packbits(negative, bitorder="little")
+        with ops.implementation("kernel"):
+            kernel = ops.unpack_signs(packed, n, dtype=dtype)
+        with ops.implementation("reference"):
+            reference = ops.unpack_signs(packed, n, dtype=dtype)
+        assert kernel.dtype == dtype and kernel.shape == (n,)
+        kernel_bits = kernel.numpy().view(UINT_OF_SIZE.get(dtype.size, kernel.numpy().dtype))
+        reference_bits = reference.numpy().view(kernel_bits.dtype)
+        np.testing.assert_array_equal(kernel_bits, reference_bits, err_msg=f"n={n}")
+        np.testing.assert_array_equal(
+            kernel.numpy().astype(np.float64), np.where(negative, -1.0, 1.0)
+        )
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=lambda d: d.name)
+def test_signs_round_trip_in_tf_function(kernel_library, dtype):
+    def round_trip(x):
+        packed = ops.pack_signs(x)
+        return packed, ops.unpack_signs(packed, tf.size(x, tf.int64), dtype=dtype)
+
+    spec = tf.TensorSpec([None, None], dtype)
+    functions = {}
+    for mode in ("kernel", "reference"):
+        with ops.implementation(mode):
+            functions[mode] = tf.function(round_trip, input_signature=[spec])
+            functions[mode].get_concrete_function()
+    rng = np.random.default_rng(7)
+    for shape in ([0, 3], [1, 1], [3, 3], [8, 9], [33, 31]):
+        x = sign_test_values(rng, int(np.prod(shape)), dtype).reshape(shape)
+        kernel_packed, kernel_signs = functions["kernel"](x)
+        reference_packed, reference_signs = functions["reference"](x)
+        np.testing.assert_array_equal(kernel_packed.numpy(), reference_packed.numpy())
+        np.testing.assert_array_equal(
+            kernel_signs.numpy().astype(np.float64), reference_signs.numpy().astype(np.float64)
+        )
+
+
+def test_signs_use_the_fused_ops(kernel_library):
+    with ops.implementation("kernel"):
+        for dtype in FLOAT_DTYPES:
+            types = op_types(ops.pack_signs, tf.TensorSpec([None, 4], dtype))
+            assert "TFCompress>PackSigns" in types, types
+            assert not types & {"Cast", "Less", "TFCompress>PackBits"}, types
+        for dtype in SIGN_DTYPES:
+            types = op_types(
+                lambda p, dtype=dtype: ops.unpack_signs(p, 10, dtype=dtype),
+                tf.TensorSpec([None], tf.uint8),
+            )
+            assert "TFCompress>UnpackSigns" in types, types
+            assert not types & {"Cast", "Sub", "Mul", "TFCompress>UnpackBits"}, types
+
+
+def test_signs_static_shapes(impl):
+    pack = tf.function(ops.pack_signs)
+    assert pack.get_concrete_function(tf.TensorSpec([3, 7], tf.float32)).output_shapes == [3]
+    assert pack.get_concrete_function(
+        tf.TensorSpec([None, 7], tf.float32)
+    ).output_shapes.as_list() == [None]
+    unpack = tf.function(lambda p: ops.unpack_signs(p, 21, dtype=tf.float16))
+    assert unpack.get_concrete_function(tf.TensorSpec([None], tf.uint8)).output_shapes == [21]
 
 
 # --- errors -----------------------------------------------------------------
@@ -323,6 +521,36 @@ RUNTIME_ERRORS = [
         lambda p, c: ops.unpack_signs(p, c),
         (np.zeros([0], np.uint8), np.int64(-2)),
         r"`count` must be >= 0",
+    ),
+    (
+        "signs too short",
+        lambda p, c: ops.unpack_signs(p, c, dtype=tf.float64),
+        (np.zeros([1], np.uint8), np.int64(9)),
+        r"`packed` has 1 bytes .* 2 bytes",
+    ),
+    (
+        "signs too long",
+        lambda p, c: ops.unpack_signs(p, c, dtype=tf.int8),
+        (np.zeros([3], np.uint8), np.int64(16)),
+        r"`packed` has 3 bytes .* 2 bytes",
+    ),
+    (
+        "signs nonzero padding",
+        lambda p, c: ops.unpack_signs(p, c, dtype=tf.bfloat16),
+        (np.array([0xFF, 0b0000_1000], np.uint8), np.int64(11)),
+        r"corrupted payload.*`packed`",
+    ),
+    (
+        "value out of range in a late block",
+        lambda v: ops.pack_bits(v, 2),
+        (np.where(np.arange(1000) == 777, 4, 3).astype(np.uint8),),
+        r"values\[777\]` = 4",
+    ),
+    (
+        "negative value in the partial last block",
+        lambda v: ops.pack_bits(v, 5),
+        (np.where(np.arange(1001) >= 999, -1, 7).astype(np.int32),),
+        r"values\[999\]` = -1",
     ),
 ]
 
@@ -423,6 +651,35 @@ class TestKernelValidation:
         values[[70_001, 90_000, 299_999]] = [256, -1, 1000]
         with pytest.raises(tf.errors.InvalidArgumentError, match=r"values\[70001\]` = 256"):
             self.raw("PackBits")(values=values, bits=8)
+
+    def test_sign_ops_check_their_inputs(self, kernel_library):
+        unpack = self.raw("UnpackSigns")
+        with pytest.raises(
+            tf.errors.InvalidArgumentError, match=r"UnpackSigns: `packed` must be 1-D"
+        ):
+            unpack(packed=np.zeros([2, 2], np.uint8), count=4)
+        with pytest.raises(tf.errors.InvalidArgumentError, match=r"`count` must be a scalar"):
+            unpack(packed=np.zeros([1], np.uint8), count=np.array([4], np.int64))
+        with pytest.raises(tf.errors.InvalidArgumentError, match=r"`count` must be >= 0"):
+            unpack(packed=np.zeros([0], np.uint8), count=-8)
+        with pytest.raises(tf.errors.InvalidArgumentError, match=r"`count`=.* too large"):
+            unpack(packed=np.zeros([1], np.uint8), count=2**63 - 1)
+        with pytest.raises(
+            tf.errors.InvalidArgumentError, match=r"`packed` has 1 bytes .* 2 bytes"
+        ):
+            unpack(packed=np.zeros([1], np.uint8), count=9)
+        with pytest.raises(tf.errors.InvalidArgumentError, match=r"3 padding bits .* got byte 32"):
+            unpack(packed=np.array([32], np.uint8), count=5, T=tf.float64)
+        np.testing.assert_array_equal(
+            unpack(packed=np.array([31], np.uint8), count=5, T=tf.int16).numpy(), [-1] * 5
+        )
+        # The dtype attributes are constrained.
+        with pytest.raises(tf.errors.InvalidArgumentError, match=r"attr 'T' of int32"):
+            self.raw("PackSigns")(x=np.array([1], np.int32))
+        with pytest.raises(tf.errors.InvalidArgumentError, match=r"attr 'T' of uint8"):
+            unpack(packed=np.zeros([1], np.uint8), count=3, T=tf.uint8)
+        with pytest.raises(TypeError, match="not in list of allowed values"):
+            tf.function(lambda: self.raw("PackSigns")(x=tf.constant([1])))()
 
     def test_count_and_length_errors_wait_for_run_time(self, kernel_library):
         # The shape function leaves value errors to the kernel, so tf.function
@@ -614,6 +871,8 @@ def fake_compiler(tmp_path, monkeypatch):
     monkeypatch.setenv("CXX", str(compiler))
     monkeypatch.setenv("FAKE_CXX_LOG", str(log))
     monkeypatch.setenv("TFCOMPRESS_CACHE_DIR", str(tmp_path / "cache"))
+    # The fake build compiles every domain, whatever a developer selected.
+    monkeypatch.delenv("TFCOMPRESS_OPS_DOMAINS", raising=False)
     return log
 
 

@@ -47,6 +47,10 @@ _VALUE_DTYPES = (tf.uint8, tf.int32, tf.int64)
 # int32 stops at 31 bits so that unpacked values stay non-negative.
 _MAX_BITS_FOR = {tf.uint8: 8, tf.int32: 31, tf.int64: 32}
 _INT64_MAX = 2**63 - 1
+# Dtypes of the fused sign kernels (TFCompress>PackSigns / UnpackSigns). Other
+# dtypes (e.g. the float8 types) take the cast + PackBits / UnpackBits path.
+_PACK_SIGNS_DTYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64)
+_UNPACK_SIGNS_DTYPES = (*_PACK_SIGNS_DTYPES, tf.int8, tf.int16, tf.int32, tf.int64)
 
 TensorLike = Any  # tf.Tensor, np.ndarray, or a (nested) Python sequence of numbers
 
@@ -129,7 +133,13 @@ def pack_signs(x: TensorLike, name: str | None = None) -> tf.Tensor:
     """Packs the signs of a float tensor, one bit per element.
 
     The bit is 1 where ``x < 0`` and 0 elsewhere: zeros, ``-0.0`` and NaN
-    count as non-negative.
+    count as non-negative. ``x < 0`` is the comparison as TensorFlow evaluates
+    it on the CPU, whose flush-to-zero mode makes float32, float64 and
+    bfloat16 subnormals count as zero (float16 subnormals keep their sign).
+    The bytes are those of ``pack_bits(tf.cast(x < 0, tf.uint8), bits=1)``.
+
+    With the C++ kernels, float16, bfloat16, float32 and float64 go through
+    one fused op (``TFCompress>PackSigns``) that never materialises the cast.
 
     Args:
         x: a floating-point tensor of any shape (read flattened in C order).
@@ -148,6 +158,8 @@ def pack_signs(x: TensorLike, name: str | None = None) -> tf.Tensor:
         x = tf.convert_to_tensor(x)
         if not x.dtype.is_floating:
             raise TypeError(f"pack_signs: `x` must be floating point, got {x.dtype.name}")
+        if x.dtype in _PACK_SIGNS_DTYPES and _loader.use_kernel():
+            return _loader.kernel_op("PackSigns")(x=x)
         return pack_bits(tf.cast(x < 0, tf.uint8), bits=1)
 
 
@@ -164,6 +176,9 @@ def unpack_signs(
         count: number of signs, a non-negative integer scalar.
         dtype: floating-point or signed integer dtype of the result.
         name: optional name scope.
+
+    With the C++ kernels, float16, bfloat16, float32, float64, int8, int16,
+    int32 and int64 results come from one fused op (``TFCompress>UnpackSigns``).
 
     Returns:
         A 1-D tensor of ``count`` elements of ``dtype``: -1 where the packed bit
@@ -182,6 +197,9 @@ def unpack_signs(
             f"unpack_signs: `dtype` must be floating point or a signed integer, got {dtype.name}"
         )
     with tf.name_scope(name or "unpack_signs"):
+        packed, count = _to_packed_and_count(packed, count, "unpack_signs")
+        if dtype in _UNPACK_SIGNS_DTYPES and _loader.use_kernel():
+            return _loader.kernel_op("UnpackSigns")(packed=packed, count=count, T=dtype)
         negative = unpack_bits(packed, count, bits=1, out_type=tf.uint8)
         return 1 - 2 * tf.cast(negative, dtype)
 

@@ -1,10 +1,11 @@
 // Copyright 2025 The tfcompress Authors. Licensed under the Apache License 2.0.
 //
-// Functors behind TFCompress>PackBits and TFCompress>UnpackBits. The bit
-// layout is documented in ../ops/bitpack_ops.cc: value i occupies stream bits
+// Functors behind TFCompress>PackBits, TFCompress>UnpackBits,
+// TFCompress>PackSigns and TFCompress>UnpackSigns. The bit layout is
+// documented in ../ops/bitpack_ops.cc: value i occupies stream bits
 // [i * bits, (i + 1) * bits), LSB first, and stream bit j is bit j % 8 of byte
-// j / 8. The CPU specialisations live in bitpack.cc; a GPU one would live in
-// bitpack_gpu.cu.cc.
+// j / 8. The signs are the same stream with bits = 1. The CPU specialisations
+// live in bitpack.cc; a GPU one would live in bitpack_gpu.cu.cc.
 
 #ifndef TFCOMPRESS_BITPACK_CC_KERNELS_BITPACK_H_
 #define TFCOMPRESS_BITPACK_CC_KERNELS_BITPACK_H_
@@ -52,6 +53,28 @@ struct UnpackBits {
   void operator()(OpKernelContext* context, const Device& device, int bits,
                   typename TTypes<uint8_t>::ConstFlat packed,
                   typename TTypes<T>::Flat values) const;
+};
+
+// Writes one bit per element of `x` into `packed`, which has
+// PackedByteCount(x.size(), 1) bytes: 1 where x < 0, 0 elsewhere (zeros, -0.0
+// and NaN are not negative), the padding bits zero. T is a floating-point
+// type; "x < 0" is the comparison as TensorFlow's CPU kernels evaluate it
+// (so, with their denormals-are-zero mode, a float32, float64 or bfloat16
+// subnormal counts as zero).
+template <typename Device, typename T>
+struct PackSigns {
+  void operator()(OpKernelContext* context, const Device& device,
+                  typename TTypes<T>::ConstFlat x,
+                  typename TTypes<uint8_t>::Flat packed) const;
+};
+
+// Reads y.size() signs from `packed`, which has PackedByteCount(y.size(), 1)
+// bytes: y[i] = -1 where stream bit i is 1, +1 where it is 0.
+template <typename Device, typename T>
+struct UnpackSigns {
+  void operator()(OpKernelContext* context, const Device& device,
+                  typename TTypes<uint8_t>::ConstFlat packed,
+                  typename TTypes<T>::Flat y) const;
 };
 
 }  // namespace functor

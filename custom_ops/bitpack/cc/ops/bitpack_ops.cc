@@ -1,6 +1,8 @@
 // Copyright 2025 The tfcompress Authors. Licensed under the Apache License 2.0.
 //
-// Registration of the bit-packing ops.
+// Registration of the bit-packing ops: PackBits / UnpackBits for small
+// non-negative integers, and PackSigns / UnpackSigns, which write and read one
+// bit per element of a floating-point tensor without a separate cast.
 //
 // Bit layout shared by PackBits and UnpackBits (and by the pure-TF reference
 // in tfcompress/ops/bitpack.py, which must stay bit-identical):
@@ -59,9 +61,9 @@ int64_t MaxPackableCount(int bits) {
   return (std::numeric_limits<int64_t>::max() - 7) / bits;
 }
 
-absl::Status PackBitsShape(InferenceContext* c) {
-  int bits;
-  TF_RETURN_IF_ERROR(GetBits(c, &bits));
+// Output of a packer: 1-D, ceil(num_elements(input 0) * bits / 8) bytes.
+absl::Status PackedShape(InferenceContext* c, const char* op,
+                         const char* input, int bits) {
   const DimensionHandle num_values = c->NumElements(c->input(0));
   if (!InferenceContext::ValueKnown(num_values)) {
     c->set_output(0, c->Vector(InferenceContext::kUnknownDim));
@@ -69,28 +71,25 @@ absl::Status PackBitsShape(InferenceContext* c) {
   }
   const int64_t n = InferenceContext::Value(num_values);
   if (n > MaxPackableCount(bits)) {
-    return InvalidArgument("PackBits: `values` has too many elements (", n,
+    return InvalidArgument(op, ": `", input, "` has too many elements (", n,
                            ") to pack with bits=", bits);
   }
   c->set_output(0, c->Vector((n * bits + 7) / 8));
   return absl::OkStatus();
 }
 
-absl::Status UnpackBitsShape(InferenceContext* c) {
+absl::Status PackBitsShape(InferenceContext* c) {
   int bits;
   TF_RETURN_IF_ERROR(GetBits(c, &bits));
-  DataType out_type;
-  TF_RETURN_IF_ERROR(c->GetAttr("out_type", &out_type));
-  // int32 stops at 31 bits so that unpacked values stay non-negative.
-  const int max_bits =
-      out_type == DT_UINT8 ? 8 : (out_type == DT_INT32 ? 31 : 32);
-  if (bits > max_bits) {
-    return InvalidArgument("UnpackBits: `bits`=", bits,
-                           " values do not fit in ", DataTypeString(out_type),
-                           " (at most ", max_bits,
-                           " bits); choose a wider out_type");
-  }
+  return PackedShape(c, "PackBits", "values", bits);
+}
 
+absl::Status PackSignsShape(InferenceContext* c) {
+  return PackedShape(c, "PackSigns", "x", 1);
+}
+
+// Output of an unpacker: 1-D [count] when `count` is a known constant.
+absl::Status UnpackedShape(InferenceContext* c, int bits) {
   ShapeHandle packed;
   TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 1, &packed));
   ShapeHandle count_shape;
@@ -111,6 +110,24 @@ absl::Status UnpackBitsShape(InferenceContext* c) {
   }
   c->set_output(0, c->Vector(count));
   return absl::OkStatus();
+}
+
+absl::Status UnpackBitsShape(InferenceContext* c) {
+  int bits;
+  TF_RETURN_IF_ERROR(GetBits(c, &bits));
+  DataType out_type;
+  TF_RETURN_IF_ERROR(c->GetAttr("out_type", &out_type));
+  // int32 stops at 31 bits so that unpacked values stay non-negative.
+  const int max_bits =
+      out_type == DT_UINT8 ? 8 : (out_type == DT_INT32 ? 31 : 32);
+  if (bits > max_bits) {
+    return InvalidArgument("UnpackBits: `bits`=", bits,
+                           " values do not fit in ", DataTypeString(out_type),
+                           " (at most ", max_bits,
+                           " bits); choose a wider out_type");
+  }
+
+  return UnpackedShape(c, bits);
 }
 
 }  // namespace
@@ -141,6 +158,35 @@ REGISTER_OP(TFCOMPRESS_OP_NAME("UnpackBits"))
     .Attr("bits: int >= 1")
     .Attr("out_type: {uint8, int32, int64} = DT_INT32")
     .SetShapeFn(UnpackBitsShape);
+
+// Packs the signs of `x`, one bit per element in the layout above (bits = 1):
+// bit i is 1 where x[i] < 0 and 0 elsewhere, so zeros, -0.0 and NaN count as
+// non-negative. "x < 0" is the comparison as TensorFlow's CPU kernels
+// evaluate it: in their flush-to-zero mode a float32, float64 or bfloat16
+// subnormal counts as zero (a float16 subnormal converts to a normal float
+// and keeps its sign). Same bytes as PackBits(bits=1) of cast(x < 0, uint8).
+//
+// x: any shape, read flattened in C order.
+// packed: 1-D, ceil(num_elements(x) / 8) bytes.
+REGISTER_OP(TFCOMPRESS_OP_NAME("PackSigns"))
+    .Input("x: T")
+    .Output("packed: uint8")
+    .Attr("T: {half, bfloat16, float, double}")
+    .SetShapeFn(PackSignsShape);
+
+// Inverse of PackSigns: y[i] = -1 where stream bit i is 1, +1 where it is 0.
+//
+// packed: 1-D, exactly ceil(count / 8) bytes; padding bits zero.
+// count: int64 scalar >= 0, the number of signs to read.
+// y: 1-D [count] of T.
+REGISTER_OP(TFCOMPRESS_OP_NAME("UnpackSigns"))
+    .Input("packed: uint8")
+    .Input("count: int64")
+    .Output("y: T")
+    .Attr(
+        "T: {half, bfloat16, float, double, int8, int16, int32, int64} = "
+        "DT_FLOAT")
+    .SetShapeFn([](InferenceContext* c) { return UnpackedShape(c, 1); });
 
 }  // namespace tfcompress
 }  // namespace tensorflow
