@@ -21,8 +21,8 @@ CONFIGS = {
     "qsgd-4bit": ["--compression", "qsgd", "--option", "bits=4", "--option", "seed=1"],
     "terngrad": ["--compression", "terngrad", "--option", "seed=1"],
     "signsgd+ef": ["--compression", "signsgd", "--error-feedback"],
-    "topk-1%+ef": ["--compression", "topk", "--option", "ratio=0.01", "--error-feedback"],
-    "threshold+ef": ["--compression", "threshold", "--option", "value=0.001", "--error-feedback"],
+    "topk-10%+ef": ["--compression", "topk", "--option", "ratio=0.1", "--error-feedback"],
+    "threshold+ef": ["--compression", "threshold", "--option", "value=0.01", "--error-feedback"],
     "randomk-25%": ["--compression", "randomk", "--option", "ratio=0.25", "--option", "seed=3"],
 }
 _results: dict[str, dict] = {}

@@ -1,23 +1,38 @@
 """Gradient compressors: ``compress`` -> payload -> ``decompress``."""
 
 from tfcompress.compressors.base import Compressor, Payload, payload_nbytes
+from tfcompress.compressors.diana import DIANA
 from tfcompress.compressors.error_feedback import ErrorFeedback
 from tfcompress.compressors.fp16 import FP16
 from tfcompress.compressors.identity import Identity
+from tfcompress.compressors.pquant import PQuant
+from tfcompress.compressors.qsgd import QSGD
+from tfcompress.compressors.randomk import RandomK
 from tfcompress.compressors.registry import available, get, register
+from tfcompress.compressors.signsgd import SignSGD
 from tfcompress.compressors.state import TensorContext, local_variable, stateless_seed
+from tfcompress.compressors.terngrad import TernGrad
+from tfcompress.compressors.topk import Threshold, TopK
 
 __all__ = [
+    "DIANA",
+    "FP16",
+    "QSGD",
     "Compressor",
     "ErrorFeedback",
-    "FP16",
     "Identity",
+    "PQuant",
     "Payload",
+    "RandomK",
+    "SignSGD",
+    "TensorContext",
+    "TernGrad",
+    "Threshold",
+    "TopK",
     "available",
     "get",
+    "local_variable",
     "payload_nbytes",
     "register",
-    "TensorContext",
-    "local_variable",
     "stateless_seed",
 ]

@@ -5,9 +5,16 @@ from __future__ import annotations
 import inspect
 
 from tfcompress.compressors.base import Compressor
+from tfcompress.compressors.diana import DIANA
 from tfcompress.compressors.error_feedback import ErrorFeedback
 from tfcompress.compressors.fp16 import FP16
 from tfcompress.compressors.identity import Identity
+from tfcompress.compressors.pquant import PQuant
+from tfcompress.compressors.qsgd import QSGD
+from tfcompress.compressors.randomk import RandomK
+from tfcompress.compressors.signsgd import SignSGD
+from tfcompress.compressors.terngrad import TernGrad
+from tfcompress.compressors.topk import Threshold, TopK
 
 __all__ = ["get", "available", "register"]
 
@@ -20,7 +27,19 @@ def register(cls: type[Compressor]) -> type[Compressor]:
     return cls
 
 
-for _cls in (Identity, FP16, ErrorFeedback):
+for _cls in (
+    Identity,
+    FP16,
+    QSGD,
+    TernGrad,
+    SignSGD,
+    TopK,
+    Threshold,
+    RandomK,
+    ErrorFeedback,
+    PQuant,
+    DIANA,
+):
     register(_cls)
 
 
