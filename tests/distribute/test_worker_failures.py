@@ -24,3 +24,17 @@ def test_worker_that_never_joins_times_out():
     assert result.returncode == 124
     assert time.monotonic() - start < 60
     assert "timed out" in result.error
+
+
+def test_mismatched_compression_settings_raise_on_every_worker():
+    result = launch(
+        [sys.executable, str(WORKERS / "mismatched_settings.py")],
+        2,
+        timeout=120,
+        env={"PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "2"},
+        stream=None,
+    )
+    assert result.returncode == 3, result.format_logs()
+    assert "compression settings differ across workers" in result.logs[0] or (
+        "compression settings differ across workers" in result.logs[1]
+    ), result.format_logs()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 
 import tensorflow as tf
@@ -121,6 +122,7 @@ def _install(strategy, compressor, policy) -> None:
     )
     internal.replace_cross_device_ops(strategy, new)
     strategy._tfcompress_compression = compressor  # pylint: disable=protected-access
+    _check_same_settings_on_every_worker(strategy, compressor, policy)
     # Keras 3's multi-worker fit needs a fix (keras-team/keras#20585); it only
     # acts on strategies made here.
     _keras3_multiworker.install()
@@ -146,6 +148,32 @@ def set_compression(strategy, compression: Compressor | str | None, **options) -
     ops.compressor = compressor
     ops.clear_bound_compressors()
     strategy._tfcompress_compression = compressor  # pylint: disable=protected-access
+
+
+def _settings_digest(compressor, policy) -> int:
+    text = f"{compressor!r}|{policy!r}"
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:7], "little")
+
+
+def _check_same_settings_on_every_worker(strategy, compressor, policy) -> None:
+    """Raises when the workers were started with different compression settings.
+
+    Workers that disagree would send payloads the others cannot decode (or
+    silently mis-decode), so the settings' digests are gathered once, at
+    creation, through the strategy's own collectives.
+    """
+    if strategy.extended._num_workers <= 1:  # pylint: disable=protected-access
+        return
+    digest = _settings_digest(compressor, policy)
+    local = strategy.run(lambda: tf.constant([digest], tf.int64))
+    digests = [int(d) for d in strategy.gather(local, axis=0).numpy()]
+    different = [i for i, d in enumerate(digests) if d != digests[0]]
+    if different:
+        raise ValueError(
+            f"compression settings differ across workers: replicas {different} do not use the "
+            f"settings of replica 0; this worker uses compression={compressor!r}, "
+            f"policy={policy!r}. Start every worker with the same compressor and options."
+        )
 
 
 def is_compressed_strategy(strategy) -> bool:
