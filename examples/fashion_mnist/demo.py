@@ -46,6 +46,13 @@ DEMO_SETTINGS: dict[str, list[tuple[str, list[str]]]] = {
             ["--compression", "threshold", "--option", "value=0.001", "--error-feedback"],
         )
     ],
+    "pquant": [("pquant p=2", ["--compression", "pquant", "--option", "block_size=512"])],
+    "diana": [
+        (
+            "diana(qsgd 4-bit)",
+            ["--compression", "qsgd", "--option", "bits=4", "--option", "seed=1", "--diana"],
+        )
+    ],
     "randomk": [("randomk 25%", ["--compression", "randomk", "--option", "ratio=0.25"])],
 }
 

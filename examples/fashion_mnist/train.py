@@ -34,6 +34,7 @@ parser.add_argument(
 parser.add_argument(
     "--error-feedback", action="store_true", help="wrap the compressor in ErrorFeedback"
 )
+parser.add_argument("--diana", action="store_true", help="wrap the (unbiased) compressor in DIANA")
 parser.add_argument("--keras", choices=["keras3", "tf_keras"], default="keras3")
 parser.add_argument("--epochs", type=int, default=2)
 parser.add_argument(
@@ -81,6 +82,8 @@ compression = (
 )
 if args.error_feedback:
     compression = tfcompress.compressors.ErrorFeedback(compression)
+if args.diana:
+    compression = tfcompress.compressors.DIANA(compression)
 strategy = tfcompress.distribute.MultiWorkerMirroredStrategy(compression=compression)
 
 keras.utils.set_random_seed(args.seed)

@@ -33,3 +33,9 @@ def test_options_need_a_name():
 
 def test_available_lists_registered():
     assert {"identity", "fp16"} <= set(compressors.available())
+
+
+def test_missing_required_option_is_named():
+    with pytest.raises(ValueError, match=r"'diana' needs option\(s\) \['inner'\]"):
+        compressors.get("diana")
+    assert isinstance(compressors.get("diana", inner="pquant"), compressors.DIANA)

@@ -78,4 +78,14 @@ def get(name: str | Compressor | None, **options) -> Compressor | None:
         raise ValueError(
             f"unknown option(s) {unknown} for compressor {name!r}; valid options: {valid}"
         )
+    missing = [
+        option
+        for option, parameter in inspect.signature(cls.__init__).parameters.items()
+        if option != "self"
+        and parameter.default is inspect.Parameter.empty
+        and parameter.kind in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY)
+        and option not in options
+    ]
+    if missing:
+        raise ValueError(f"compressor {name!r} needs option(s) {missing}")
     return cls(**options)
