@@ -42,8 +42,8 @@ DEMO_SETTINGS: dict[str, list[tuple[str, list[str]]]] = {
     ],
     "threshold": [
         (
-            "threshold 1e-3 + EF",
-            ["--compression", "threshold", "--option", "value=0.001", "--error-feedback"],
+            "threshold 1e-2 + EF",
+            ["--compression", "threshold", "--option", "value=0.01", "--error-feedback"],
         )
     ],
     "pquant": [("pquant p=2", ["--compression", "pquant", "--option", "block_size=512"])],
