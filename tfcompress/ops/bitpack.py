@@ -23,12 +23,13 @@ import dataclasses
 import functools
 import math
 import operator
-from collections.abc import Callable, Sequence
 from typing import Any
 
 import tensorflow as tf
 
 from tfcompress.ops import _loader
+from tfcompress.ops._checks import invalid_argument as _invalid_argument
+from tfcompress.ops._checks import require as _require
 
 __all__ = [
     "MAX_BITS",
@@ -273,10 +274,6 @@ def unpack_bits_reference(
 # --- argument checks shared by both implementations -------------------------
 
 
-def _invalid_argument(message: str) -> tf.errors.InvalidArgumentError:
-    return tf.errors.InvalidArgumentError(None, None, message)
-
-
 def _check_bits(bits: int, function: str) -> int:
     if isinstance(bits, bool):
         raise TypeError(f"{function}: `bits` must be an int, got {bits!r}")
@@ -337,28 +334,6 @@ def _to_packed_and_count(
     if count.shape.rank is not None and count.shape.rank != 0:
         raise _invalid_argument(f"{function}: `count` must be a scalar, got shape {count.shape}")
     return packed, tf.cast(count, tf.int64)
-
-
-def _require(
-    condition: tf.Tensor, message: Callable[[], Sequence[str | tf.Tensor]]
-) -> list[tf.Operation]:
-    """Checks a run-time condition; the error message names the tensor at fault.
-
-    Eagerly, the message parts are computed only when the check fails and
-    raised at once. In a graph the check becomes an Assert that the caller
-    puts in front of the computation with ``tf.control_dependencies``.
-    """
-    if tf.executing_eagerly():
-        if not bool(condition):
-            text = "".join(
-                part if isinstance(part, str) else str(part.numpy()) for part in message()
-            )
-            raise _invalid_argument(text)
-        return []
-    parts = message()
-    template = "".join(part if isinstance(part, str) else "{}" for part in parts)
-    text = tf.strings.format(template, [part for part in parts if not isinstance(part, str)])
-    return [tf.debugging.Assert(condition, [text])]
 
 
 # --- the references ----------------------------------------------------------

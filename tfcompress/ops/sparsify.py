@@ -38,6 +38,8 @@ from typing import Any
 import tensorflow as tf
 
 from tfcompress.ops import _loader
+from tfcompress.ops._checks import invalid_argument as _invalid_argument
+from tfcompress.ops._checks import require as _require
 
 __all__ = [
     "MAX_ELEMENTS",
@@ -266,10 +268,6 @@ def random_k_indices_reference(
 # --- argument checks shared by both implementations -------------------------
 
 
-def _invalid_argument(message: str) -> tf.errors.InvalidArgumentError:
-    return tf.errors.InvalidArgumentError(None, None, message)
-
-
 def _convert(value: TensorLike, python_dtype: tf.dtypes.DType) -> tf.Tensor:
     """Converts to a tensor; only Python numbers and lists take ``python_dtype``."""
     if hasattr(value, "dtype"):
@@ -330,29 +328,6 @@ def _to_noise(noise: TensorLike) -> tf.Tensor:
         raise TypeError(f"RandomKIndices: `noise` must be uint32, got {noise.dtype.name}")
     _check_rank(noise, 1, "RandomKIndices", "noise")
     return noise
-
-
-def _require(
-    condition: tf.Tensor, message: Callable[[], Sequence[str | tf.Tensor]]
-) -> list[tf.Operation]:
-    """Checks a run-time condition; the error message names the tensor at fault.
-
-    Eagerly, the message parts are computed only when the check fails and
-    raised at once. In a graph the check becomes an Assert that the caller
-    puts in front of the computation with ``tf.control_dependencies``. (The
-    same helper as in :mod:`tfcompress.ops.bitpack`.)
-    """
-    if tf.executing_eagerly():
-        if not bool(condition):
-            text = "".join(
-                part if isinstance(part, str) else str(part.numpy()) for part in message()
-            )
-            raise _invalid_argument(text)
-        return []
-    parts = message()
-    template = "".join(part if isinstance(part, str) else "{}" for part in parts)
-    text = tf.strings.format(template, [part for part in parts if not isinstance(part, str)])
-    return [tf.debugging.Assert(condition, [text])]
 
 
 def _require_rank(tensor: tf.Tensor, rank: int, op: str, what: str) -> list[tf.Operation]:
