@@ -6,7 +6,8 @@ Runs ``examples/fashion_mnist/train.py`` once per variant under the launcher
 and collects per-epoch curves: training time (validation excluded), bytes
 each worker handed to the collectives, loss and test accuracy. Writes a
 markdown table (final accuracy, training time, time to reach the target
-accuracy, bytes) and a PNG with accuracy vs wall-clock and vs bytes.
+accuracy, bytes) and a PNG with test accuracy and training loss vs wall-clock
+and vs bytes.
 """
 
 from __future__ import annotations
@@ -27,6 +28,15 @@ VARIANTS: dict[str, list[str]] = {
     "qsgd 4-bit": ["--compression", "qsgd", "--option", "bits=4", "--option", "seed=1"],
     "topk 1% + EF": ["--compression", "topk", "--option", "ratio=0.01", "--error-feedback"],
     "signsgd + EF": ["--compression", "signsgd", "--error-feedback"],
+    "diana(qsgd 4-bit)": [
+        "--compression",
+        "qsgd",
+        "--option",
+        "bits=4",
+        "--option",
+        "seed=1",
+        "--diana",
+    ],
 }
 
 
@@ -129,28 +139,23 @@ def _plot(curves: dict[str, dict], path: pathlib.Path, bandwidth: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+    fig, axes = plt.subplots(2, 2, figsize=(12, 8), sharex="col")
     for label, data in curves.items():
         pts = data["points"]
-        left.plot(
-            [p["training_seconds"] for p in pts],
-            [p["test_accuracy"] for p in pts],
-            "o-",
-            label=label,
-        )
-        right.plot(
-            [p["bytes_sent"] / 1e6 for p in pts],
-            [p["test_accuracy"] for p in pts],
-            "o-",
-            label=label,
-        )
-    left.set_xlabel("training time (s)")
-    right.set_xlabel("MB sent per worker")
-    right.set_xscale("log")
-    for ax in (left, right):
-        ax.set_ylabel("test accuracy")
-        ax.grid(True, alpha=0.3)
-    left.set_title(f"Fashion-MNIST, link {bandwidth}")
-    right.legend()
+        seconds = [p["training_seconds"] for p in pts]
+        megabytes = [p["bytes_sent"] / 1e6 for p in pts]
+        for row, metric in enumerate(("test_accuracy", "loss")):
+            values = [p[metric] for p in pts]
+            axes[row][0].plot(seconds, values, "o-", label=label)
+            axes[row][1].plot(megabytes, values, "o-", label=label)
+    for row, metric in enumerate(("test accuracy", "training loss")):
+        for col in range(2):
+            axes[row][col].set_ylabel(metric)
+            axes[row][col].grid(True, alpha=0.3)
+    axes[1][0].set_xlabel("training time (s)")
+    axes[1][1].set_xlabel("MB sent per worker")
+    axes[1][1].set_xscale("log")
+    axes[0][0].set_title(f"Fashion-MNIST, link {bandwidth}")
+    axes[0][1].legend()
     fig.tight_layout()
     fig.savefig(path, dpi=100)
