@@ -5,6 +5,10 @@ in-process ``MirroredStrategy`` tests have two replicas on any machine.
 """
 
 import os
+import shlex
+import shutil
+
+import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -18,3 +22,34 @@ if _cpus:
         )
     except RuntimeError:  # already initialised by an earlier import
         pass
+
+
+@pytest.fixture(scope="module")
+def kernel_library():
+    """Builds and loads the op library; skips only where no compiler exists."""
+    compiler = shlex.split(os.environ.get("CXX") or "g++")
+    if not compiler or shutil.which(compiler[0]) is None:
+        pytest.skip(f"no C++ compiler ({compiler[:1]}); the kernel cannot be built")
+    from tfcompress.ops import _loader
+
+    return _loader.load_library()  # a failing build fails the tests that need it
+
+
+@pytest.fixture(params=["kernel", "reference"])
+def impl(request):
+    """Runs a test once with the C++ kernels and once with the pure-TF references."""
+    from tfcompress import ops
+
+    if request.param == "kernel":
+        request.getfixturevalue("kernel_library")
+    with ops.implementation(request.param):
+        yield request.param
+
+
+@pytest.fixture(autouse=True)
+def _restore_ops_switch():
+    """Every test starts from the environment's kernel/reference choice."""
+    yield
+    from tfcompress import ops
+
+    ops.set_implementation(None)

@@ -117,3 +117,43 @@ class CompressorConformance:
         again = get(c.name, **c.get_config())
         assert type(again) is type(c)
         assert again.get_config() == c.get_config()
+
+
+class SeededStochasticConformance(CompressorConformance):
+    """Conformance for seeded stochastic, non-summable compressors (QSGD, TernGrad).
+
+    Each ``compress`` draws fresh noise from (seed, step), so eager and graph
+    runs are compared on two instances with one seed, the summable claim is
+    checked statistically (the aggregate is an unbiased estimate of the sum),
+    and the checkpointed state is the step counter.
+    """
+
+    def test_tf_function_matches_eager(self):
+        x = random_tensor((6, 7), tf.float32, seed=3)
+        eager, graph = self.make(), self.make()
+        fn = tf.function(lambda t: graph.decompress(graph.compress(t)))
+        for _ in range(3):
+            np.testing.assert_array_equal(
+                eager.decompress(eager.compress(x)).numpy(), fn(x).numpy()
+            )
+
+    def test_summable_claim(self):
+        """Not summable: aggregate sums the decoded payloads, an unbiased estimate of the sum."""
+        c = self.make()
+        assert not c.summable
+        xs = [random_tensor((64,), tf.float32, seed=s) for s in range(3)]
+        payloads = [c.compress(x) for x in xs]
+        np.testing.assert_array_equal(
+            c.aggregate(payloads).numpy(), tf.add_n([c.decompress(p) for p in payloads]).numpy()
+        )
+        rounds = tf.function(lambda: c.aggregate([c.compress(x) for x in xs]))
+        samples = np.stack([rounds().numpy() for _ in range(300)]).astype(np.float64)
+        want = tf.add_n(xs).numpy()
+        standard_error = samples.std(axis=0, ddof=1) / np.sqrt(len(samples))
+        assert np.all(np.abs(samples.mean(axis=0) - want) <= 5 * standard_error + 1e-5)
+
+    def test_checkpoint_round_trip(self, tmp_path):
+        c = self.make()
+        c.compress(tf.ones([10]))
+        assert len(c.variables) == 1  # the step counter
+        super().test_checkpoint_round_trip(tmp_path)

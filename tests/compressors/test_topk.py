@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import shlex
-import shutil
-
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -16,30 +12,6 @@ from tests.compressors.conformance import CompressorConformance, random_tensor
 from tfcompress import ops
 from tfcompress.compressors.base import payload_nbytes
 from tfcompress.compressors.topk import Threshold, TopK, selected_count
-from tfcompress.ops import _loader
-
-
-@pytest.fixture(scope="module")
-def kernel_library():
-    compiler = shlex.split(os.environ.get("CXX") or "g++")
-    if not compiler or shutil.which(compiler[0]) is None:
-        pytest.skip(f"no C++ compiler ({compiler[:1]}); the kernel cannot be built")
-    return _loader.load_library()
-
-
-@pytest.fixture(params=["kernel", "reference"])
-def impl(request):
-    """Runs a test once with the C++ kernels and once with the pure-TF references."""
-    if request.param == "kernel":
-        request.getfixturevalue("kernel_library")
-    with ops.implementation(request.param):
-        yield request.param
-
-
-@pytest.fixture(autouse=True)
-def _restore_switch():
-    yield
-    ops.set_implementation(None)
 
 
 def top_k_oracle(x: np.ndarray, k: int) -> np.ndarray:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import shlex
 import shutil
 import subprocess
 import sys
@@ -71,30 +70,6 @@ def op_types(function, *specs) -> set[str]:
 
 
 # --- fixtures ---------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def kernel_library():
-    """Builds and loads the op library; skips only where no compiler exists."""
-    compiler = shlex.split(os.environ.get("CXX") or "g++")
-    if not compiler or shutil.which(compiler[0]) is None:
-        pytest.skip(f"no C++ compiler ({compiler[:1]}); the kernel cannot be built")
-    return _loader.load_library()  # a failing build fails the tests that need it
-
-
-@pytest.fixture(params=["kernel", "reference"])
-def impl(request):
-    """Runs a test once with the C++ kernel and once with the pure-TF reference."""
-    if request.param == "kernel":
-        request.getfixturevalue("kernel_library")
-    with ops.implementation(request.param):
-        yield request.param
-
-
-@pytest.fixture(autouse=True)
-def _restore_switch():
-    yield
-    ops.set_implementation(None)
 
 
 # --- the layout -------------------------------------------------------------

@@ -6,9 +6,6 @@ through the compressors in tests/compressors/test_{qsgd,terngrad,signsgd}.py.
 
 from __future__ import annotations
 
-import os
-import shutil
-
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -16,7 +13,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tfcompress import ops
-from tfcompress.ops import _loader
 from tfcompress.ops import quantize as q
 
 DTYPES = [tf.float16, tf.bfloat16, tf.float32, tf.float64]
@@ -96,30 +92,6 @@ def numpy_codes(packed: np.ndarray, count: int, bits: int) -> np.ndarray:
 
 
 # --- fixtures ---------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def kernel_library():
-    """Builds and loads the op library; skips only where no compiler exists."""
-    compiler = (os.environ.get("CXX") or "g++").split()
-    if not compiler or shutil.which(compiler[0]) is None:
-        pytest.skip(f"no C++ compiler ({compiler[:1]}); the kernel cannot be built")
-    return _loader.load_library()
-
-
-@pytest.fixture(params=["kernel", "reference"])
-def impl(request):
-    """Runs a test once with the C++ kernel and once with the pure-TF reference."""
-    if request.param == "kernel":
-        request.getfixturevalue("kernel_library")
-    with ops.implementation(request.param):
-        yield request.param
-
-
-@pytest.fixture(autouse=True)
-def _restore_switch():
-    yield
-    ops.set_implementation(None)
 
 
 # --- kernel == reference ----------------------------------------------------

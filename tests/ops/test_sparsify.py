@@ -6,10 +6,6 @@ Every comparison between the kernel and the reference is bit for bit.
 
 from __future__ import annotations
 
-import os
-import shlex
-import shutil
-
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -17,7 +13,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tfcompress import ops
-from tfcompress.ops import _loader
 from tfcompress.ops import sparsify as sp
 
 FLOAT_DTYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64)
@@ -87,30 +82,6 @@ def run_op(mode: str, function, *args):
 
 
 # --- fixtures ---------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def kernel_library():
-    """Builds and loads the op library; skips only where no compiler exists."""
-    compiler = shlex.split(os.environ.get("CXX") or "g++")
-    if not compiler or shutil.which(compiler[0]) is None:
-        pytest.skip(f"no C++ compiler ({compiler[:1]}); the kernel cannot be built")
-    return _loader.load_library()  # a failing build fails the tests that need it
-
-
-@pytest.fixture(params=["kernel", "reference"])
-def impl(request):
-    """Runs a test once with the C++ kernel and once with the pure-TF reference."""
-    if request.param == "kernel":
-        request.getfixturevalue("kernel_library")
-    with ops.implementation(request.param):
-        yield request.param
-
-
-@pytest.fixture(autouse=True)
-def _restore_switch():
-    yield
-    ops.set_implementation(None)
 
 
 # --- TopK ---------------------------------------------------------------------
