@@ -1,0 +1,357 @@
+"""GradiVeQ: slicing, schedule, linearity, energy rule, degenerate samples, checkpoints.
+
+``Workers`` emulates the phased protocol of the cross-device ops for N
+workers in one process (one bound layer and one schedule per worker, payloads
+summed or gathered by hand), so the algorithm is tested without collectives;
+tests/distribute/test_gradiveq_multiworker.py runs it through real ones.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests.compressors.conformance import CompressorConformance
+from tfcompress.compressors import get, payload_nbytes
+from tfcompress.compressors.gradiveq import GradiVeQ, slice_geometry
+from tfcompress.compressors.state import TensorContext
+
+
+class Workers:
+    """N workers' bound layers and schedules for one tensor; ``step`` = one aggregation."""
+
+    def __init__(self, compressor: GradiVeQ, shape, num_workers: int, dtype=tf.float32):
+        self.compressor = compressor
+        self.layers = [
+            compressor.bind(
+                TensorContext(
+                    key="t#0",
+                    replica=w,
+                    num_replicas=num_workers,
+                    shape=tf.TensorShape(shape),
+                    dtype=dtype,
+                )
+            )
+            for w in range(num_workers)
+        ]
+        self.schedules = [compressor.schedule(w, num_workers, None) for w in range(num_workers)]
+
+    def step(self, xs):
+        indices = {int(s.branch_index()) for s in self.schedules}
+        assert len(indices) == 1, indices
+        j = indices.pop()
+        views = [layer.branch(j) for layer in self.layers]
+        payloads = [v.compress(tf.convert_to_tensor(x)) for v, x in zip(views, xs, strict=True)]
+        if views[0].summable:
+            summed = payloads[0].replace(
+                {k: tf.add_n([p.tensors[k] for p in payloads]) for k in payloads[0].tensors}
+            )
+            decoded = [v.decompress(summed) for v in views]
+        else:
+            decoded = [v.aggregate(payloads) for v in views]
+        for s in self.schedules:
+            s.advance(tf.constant(j))
+        return j, [d.numpy() for d in decoded], payloads
+
+    def variables(self):
+        return [v for layer in self.layers for v in layer.variables] + [
+            v for s in self.schedules for v in s.variables
+        ]
+
+
+def low_rank_gradients(rng, steps, workers, shape, rank=3, noise=0.01):
+    """Per step and worker: a mix of ``rank`` fixed directions per slice row plus noise."""
+    k, s, _, _ = slice_geometry(shape)
+    size = int(np.prod(shape))
+    directions = rng.normal(size=(rank, k))
+    out = []
+    for _ in range(steps):
+        per_worker = []
+        for _ in range(workers):
+            rows = rng.normal(size=(s, rank)) @ directions + noise * rng.normal(size=(s, k))
+            per_worker.append(rows.reshape(-1)[:size].reshape(shape).astype(np.float32))
+        out.append(per_worker)
+    return out
+
+
+# -- slicing --------------------------------------------------------------------------------
+
+
+def test_slice_geometry_rules():
+    assert slice_geometry((3, 3, 16, 16)) == (768, 3, 256, "conv")  # the paper's example
+    assert slice_geometry((1, 1, 16, 32)) == (512, 1, 512, "conv")
+    assert slice_geometry((3, 3, 16, 16), 512) == (512, 5, 256, "conv")  # 2304 = 4.5 x 512: padded
+    assert slice_geometry((64, 10)) == (520, 2, 10, "dense")  # 640 elements: last slice padded
+    assert slice_geometry((16, 8)) == (128, 1, 8, "dense")  # whole tensor
+    assert slice_geometry((1000,)) == (512, 2, 1, "flat")
+    assert slice_geometry((5, 7, 9)) == (315, 1, 1, "flat")
+    with pytest.raises(ValueError, match="multiple of D_in \\* F_out = 256"):
+        slice_geometry((3, 3, 16, 16), 700)
+    with pytest.raises(ValueError, match="multiple of the output width = 10"):
+        slice_geometry((64, 10), 64)
+
+
+def test_padding_round_trips_every_element():
+    """A size K does not divide: the last slice is zero-padded, nothing is truncated."""
+    shape = (3, 3, 16, 16)
+    c = GradiVeQ(slice_length=512, warmup_steps=0, sampling_steps=2, compressed_steps=2)
+    workers = Workers(c, shape, 1)
+    x = np.random.default_rng(0).normal(size=shape).astype(np.float32)
+    assert workers.layers[0].geometry == (512, 5)
+    slices = workers.layers[0].slices(tf.constant(x)).numpy()
+    np.testing.assert_array_equal(slices.reshape(-1)[: x.size], x.reshape(-1))
+    np.testing.assert_array_equal(slices.reshape(-1)[x.size :], 0)
+
+
+# -- options ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "options, match",
+    [
+        ({"energy_loss": 1.0}, "energy_loss"),
+        ({"energy_loss": -0.1}, "energy_loss"),
+        ({"sampling_steps": 0}, "sampling_steps"),
+        ({"compressed_steps": 0}, "compressed_steps"),
+        ({"warmup_steps": -1}, "warmup_steps"),
+        ({"components": 0}, "components"),
+        ({"sampling": "fp8"}, "sampling"),
+        ({"refresh_threshold": 0}, "refresh_threshold"),
+        ({"packs": 0}, "packs"),
+        ({"slice_length": 768, "slice_size": 768}, "slice_size"),
+    ],
+)
+def test_rejects_bad_options(options, match):
+    with pytest.raises(ValueError, match=match):
+        GradiVeQ(**options)
+
+
+def test_design_aliases_and_config():
+    c = GradiVeQ(slice_size=768, energy=0.95, sample_steps=7, sample_compressor="qsgd")
+    config = c.get_config()
+    assert config["slice_length"] == 768
+    assert config["energy_loss"] == pytest.approx(0.05)
+    assert config["sampling_steps"] == 7 and config["sampling"] == "qsgd"
+    # every option is in the repr the strategy hashes across workers
+    for option in config:
+        assert f"{option}=" in repr(c)
+    assert repr(get("gradiveq", **config)) == repr(c)
+    paper = GradiVeQ.paper()
+    assert (paper.warmup_steps, paper.sampling_steps, paper.compressed_steps) == (2500, 100, 400)
+
+
+# -- schedule -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("sampling, want", [("exact", "000001100011"), ("qsgd", "001112211122")])
+def test_schedule_switches_as_configured(sampling, want):
+    c = GradiVeQ(warmup_steps=2, sampling_steps=3, compressed_steps=2, sampling=sampling)
+    workers = Workers(c, (16, 64), 2)
+    rng = np.random.default_rng(1)
+    got = ""
+    for _ in range(12):
+        j, _, _ = workers.step([rng.normal(size=(16, 64)).astype(np.float32) for _ in range(2)])
+        got += str(j)
+    assert got == want
+    assert [int(v) for v in workers.layers[0].variables[6:7]] == [2]  # two bases fitted
+
+
+# -- the algorithm --------------------------------------------------------------------------
+
+
+def fitted_workers(shape=(3, 3, 8, 8), num_workers=3, steps=12, **options):
+    options = {"warmup_steps": 0, "sampling_steps": steps, "compressed_steps": 4, **options}
+    c = GradiVeQ(**options)
+    workers = Workers(c, shape, num_workers)
+    data = low_rank_gradients(np.random.default_rng(2), steps, num_workers, shape)
+    for xs in data:
+        assert workers.step(xs)[0] == 0
+    return workers, data
+
+
+def test_linearity_sum_of_payloads_is_payload_of_sum():
+    shape = (3, 3, 8, 8)
+    workers, _ = fitted_workers(shape, packs=2)
+    layer = workers.layers[0]
+    k, s = layer.geometry
+    d = int(layer.components)
+    u = layer.basis.numpy()[:, :d].astype(np.float64)
+    mu = layer.mean.numpy().astype(np.float64)
+    xs = [np.random.default_rng(10 + w).normal(size=shape).astype(np.float32) for w in range(3)]
+    j, decoded, payloads = workers.step(xs)
+    assert j == 1
+    total = np.sum(xs, axis=0).astype(np.float64).reshape(s, k)  # S = 3 divides: no padding
+    summed = np.concatenate(
+        [sum(p.tensors[f"coefficients_{i}"].numpy() for p in payloads) for i in range(2)], axis=1
+    )
+    np.testing.assert_allclose(summed, u.T @ (total - mu).T, rtol=1e-4, atol=1e-4)
+    want = (u @ (u.T @ (total - mu).T)).T + mu
+    for got in decoded:
+        np.testing.assert_allclose(got.reshape(s, k), want, rtol=1e-4, atol=1e-4)
+    np.testing.assert_array_equal(decoded[0], decoded[1])
+
+
+def test_payload_bytes_shrink_with_d():
+    workers, _ = fitted_workers((3, 3, 8, 8), num_workers=2, packs=3)
+    layer = workers.layers[0]
+    d = int(layer.components)
+    assert 3 <= d < 12  # rank 3 + noise, far below K = 192
+    x = tf.zeros([3, 3, 8, 8])
+    payload = layer.branch(1).compress(x)
+    assert int(payload_nbytes(payload)) == 4 * d * 3 + 4
+    assert sorted(payload.tensors) == [
+        "check",
+        "coefficients_0",
+        "coefficients_1",
+        "coefficients_2",
+    ]
+
+
+def test_full_rank_round_trip_is_exact():
+    """d = K: U is orthogonal, U U^T (g - mu) + mu = g."""
+    shape = (4, 8)  # dense: K = 32 (whole tensor), S = 1
+    workers, _ = fitted_workers(shape, num_workers=2, steps=40, energy_loss=0.0)
+    layer = workers.layers[0]
+    assert layer.geometry == (32, 1) and int(layer.components) == 32
+    xs = [np.random.default_rng(5 + w).normal(size=shape).astype(np.float32) for w in range(2)]
+    _, decoded, _ = workers.step(xs)
+    np.testing.assert_allclose(decoded[0], xs[0] + xs[1], rtol=1e-4, atol=1e-4)
+
+
+def test_energy_rule_and_reconstruction_error_on_samples():
+    shape = (3, 3, 8, 8)
+    workers, data = fitted_workers(shape, num_workers=2, steps=20, energy_loss=0.01)
+    layer = workers.layers[0]
+    k, s = layer.geometry
+    samples = np.stack([np.sum(xs, axis=0).reshape(s, k) for xs in data]).reshape(-1, k)
+    centred = samples - samples.mean(axis=0)
+    energy = np.linalg.svd(centred.astype(np.float64), compute_uv=False) ** 2
+    kept = np.cumsum(energy) / energy.sum()
+    d = int(layer.components)
+    assert kept[d - 1] >= 0.99 - 1e-6 and (d == 1 or kept[d - 2] < 0.99 + 1e-6)
+    assert float(layer.kept_energy) == pytest.approx(kept[d - 1], rel=1e-4)
+    u = layer.basis.numpy()[:, :d].astype(np.float64)
+    mu = layer.mean.numpy()
+    reconstructed = (u @ (u.T @ (samples - mu).T)).T + mu
+    relative = np.linalg.norm(reconstructed - samples) / np.linalg.norm(samples)
+    assert relative <= np.sqrt(0.01), relative
+
+
+@pytest.mark.parametrize("bad", ["zero", "nan"])
+def test_degenerate_samples_keep_the_layer_exact(bad, capfd):
+    shape = (3, 3, 4, 4)
+    c = GradiVeQ(warmup_steps=0, sampling_steps=3, compressed_steps=2)
+    workers = Workers(c, shape, 2)
+    fill = 0.0 if bad == "zero" else np.nan
+    for _ in range(3):
+        workers.step([np.full(shape, fill, np.float32)] * 2)
+    assert "degenerate" in capfd.readouterr().err
+    layer = workers.layers[0]
+    assert int(layer.valid) == 0 and int(layer.components) == 0
+    assert np.all(np.isfinite(layer.basis.numpy())) and np.all(np.isfinite(layer.mean.numpy()))
+    xs = [np.random.default_rng(w).normal(size=shape).astype(np.float32) for w in range(2)]
+    j, decoded, payloads = workers.step(xs)
+    assert j == 1
+    assert payloads[0].tensors["coefficients_0"].shape == (48, 3)  # raw slices [K, S]
+    np.testing.assert_allclose(decoded[0], xs[0] + xs[1], rtol=1e-6, atol=1e-6)
+
+
+def test_different_bases_across_workers_are_caught():
+    workers, _ = fitted_workers((3, 3, 8, 8), num_workers=2)
+    workers.layers[1].fingerprint.assign(workers.layers[1].fingerprint + 1)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="'t#0' differs across workers"):
+        workers.step([np.ones((3, 3, 8, 8), np.float32)] * 2)
+
+
+def test_early_refresh_restarts_sampling():
+    shape = (3, 3, 8, 8)
+    workers, _ = fitted_workers(shape, num_workers=2, refresh_threshold=0.5)
+    schedule = workers.schedules[0]
+    rng = np.random.default_rng(3)
+    # Dense noise is far from the rank-3 basis: relative error ~1 > 0.5.
+    j, _, payloads = workers.step([rng.normal(size=shape).astype(np.float32) for _ in range(2)])
+    assert j == 1 and float(payloads[0].tensors["check"][1]) > 0.5
+    assert int(schedule.early_refreshes) == 1
+    assert int(schedule.branch_index()) == 0 and int(schedule.position()) == 0
+
+
+def test_qsgd_sampling_records_the_aggregate():
+    shape = (3, 3, 8, 8)
+    c = GradiVeQ(warmup_steps=0, sampling_steps=4, compressed_steps=2, sampling="qsgd", seed=3)
+    workers = Workers(c, shape, 2)
+    data = low_rank_gradients(np.random.default_rng(4), 4, 2, shape)
+    for i, xs in enumerate(data):
+        j, decoded, _ = workers.step(xs)
+        assert j == 1
+        k, s = workers.layers[0].geometry
+        recorded = workers.layers[0].samples.numpy()[i * s : (i + 1) * s].reshape(-1)
+        np.testing.assert_array_equal(recorded, decoded[0].reshape(-1))
+        total = np.sum(xs, axis=0)  # 4-bit QSGD: close to the sum, not equal
+        assert 0 < np.linalg.norm(decoded[0] - total) < np.linalg.norm(total)  # omega ~ 1.5
+    assert int(workers.layers[0].valid) == 1
+    np.testing.assert_array_equal(workers.layers[0].basis.numpy(), workers.layers[1].basis.numpy())
+
+
+def test_metrics():
+    workers, _ = fitted_workers((3, 3, 8, 8), num_workers=2)
+    metrics = workers.layers[0].metrics()
+    assert set(metrics) == {"gradiveq_kept_energy", "gradiveq_refreshes", "gradiveq_components"}
+    assert float(metrics["gradiveq_refreshes"]) == 1
+    assert float(metrics["gradiveq_kept_energy"]) >= 0.99
+    assert float(metrics["gradiveq_components"]) == int(workers.layers[0].components)
+
+
+def test_graph_step_matches_eager():
+    """The same aggregation traced (cond with run-time shapes) gives the eager result."""
+    shape = (3, 3, 8, 8)
+    workers, _ = fitted_workers(shape, num_workers=1)
+    layer, schedule = workers.layers[0], workers.schedules[0]
+    x = tf.constant(np.random.default_rng(6).normal(size=shape).astype(np.float32))
+
+    def step(x):
+        index = schedule.branch_index()
+        out = tf.switch_case(
+            index,
+            [lambda j=j: layer.branch(j).decompress(layer.branch(j).compress(x)) for j in (0, 1)],
+        )
+        return out
+
+    graph = tf.function(step)(x)
+    eager = layer.branch(1).decompress(layer.branch(1).compress(x))
+    np.testing.assert_allclose(graph.numpy(), eager.numpy(), rtol=1e-6, atol=1e-6)
+
+
+def test_checkpoint_mid_schedule_reproduces_next_payloads(tmp_path):
+    shape = (3, 3, 8, 8)
+    options = {"warmup_steps": 1, "sampling_steps": 5, "compressed_steps": 3, "sampling": "qsgd"}
+    data = low_rank_gradients(np.random.default_rng(7), 12, 2, shape)
+    first = Workers(GradiVeQ(**options), shape, 2)
+    for xs in data[:7]:  # warm-up, the sampling block, one compressed step
+        first.step(xs)
+    path = tf.train.Checkpoint(state=first.variables()).save(str(tmp_path / "ckpt"))
+    want = [first.step(xs) for xs in data[7:]]
+
+    second = Workers(GradiVeQ(**options), shape, 2)
+    tf.train.Checkpoint(state=second.variables()).restore(path).assert_consumed()
+    got = [second.step(xs) for xs in data[7:]]
+    assert [g[0] for g in got] == [w[0] for w in want] == [2, 2, 1, 1, 1]
+    for (_, dg, pg), (_, dw, pw) in zip(got, want, strict=True):
+        for a, b in zip(pg, pw, strict=True):
+            assert sorted(a.tensors) == sorted(b.tensors)
+            for name in a.tensors:
+                np.testing.assert_array_equal(a.tensors[name].numpy(), b.tensors[name].numpy())
+        np.testing.assert_array_equal(dg[0], dw[0])
+
+
+# -- the standard compressor tests (outside the protocol GradiVeQ is its exact branch) --------
+
+
+class TestGradiVeQConformance(CompressorConformance):
+    round_trip_rtol = {"float16": 0.0, "bfloat16": 0.0, "float32": 0.0, "float64": 0.0}
+
+    def make(self):
+        return GradiVeQ(warmup_steps=0, sampling_steps=2, compressed_steps=2)
+
+    def expected_payload_nbytes(self, shape, dtype):
+        return int(np.prod(shape)) * dtype.size
