@@ -1,5 +1,7 @@
 """Keras integration: callbacks and Keras 3 multi-worker compatibility."""
 
+from tfcompress.keras import callbacks
 from tfcompress.keras._keras3_multiworker import install as install_keras3_multiworker_fix
+from tfcompress.keras.callbacks import CompressionMonitor
 
-__all__ = ["install_keras3_multiworker_fix"]
+__all__ = ["CompressionMonitor", "callbacks", "install_keras3_multiworker_fix"]
