@@ -57,6 +57,9 @@ _KEY_SUFFIXES = (".cc", ".cpp", ".cu", ".h", ".hpp", ".cuh", ".inc")
 # warnings; they say nothing about our code and drown real diagnostics.
 _EXTRA_COMPILE_FLAGS = ("-Wno-deprecated-declarations",)
 
+# System libraries the kernels call: zlib for the Deflate value codec.
+_EXTRA_LINK_FLAGS = ("-lz",)
+
 
 class BuildError(RuntimeError):
     """The op library could not be built.
@@ -189,7 +192,7 @@ def _configure() -> _Configuration:
 
     update(tf.__version__)
     update("\0".join(compile_flags + _EXTRA_COMPILE_FLAGS))
-    update("\0".join(link_flags))
+    update("\0".join(link_flags + _EXTRA_LINK_FLAGS))
     update(compiler_version)
     for path in sorted(
         p
@@ -332,6 +335,7 @@ def _compile(config: _Configuration, library: pathlib.Path, verbose: bool) -> No
             "-o",
             str(partial),
             *config.link_flags,
+            *_EXTRA_LINK_FLAGS,
         ]
         try:
             _run(link, "linking " + LIBRARY_NAME, verbose)
