@@ -1,0 +1,224 @@
+"""Models trained with compression export cleanly and serve where tfcompress is absent.
+
+In process: tf-keras and Keras 3 models trained under a 2-replica tfcompress
+``MirroredStrategy`` (C++ kernels in the training graph) are saved in every
+format; one fresh process, in which ``import tfcompress`` fails, loads them all
+and predicts. Then a real 2-worker run in which the chief exports.
+"""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import zipfile
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorflow.core.protobuf import saved_model_pb2
+
+import tfcompress
+from tests.multiworker import ROOT, WORKERS, run_workers
+from tfcompress import ops
+
+DEVICES = ["/cpu:0", "/cpu:1"]
+PREFIX = ops.op_name("")  # "TFCompress>"
+
+COMPRESSORS = {
+    "fp16": lambda: tfcompress.compressors.FP16(),
+    "qsgd": lambda: tfcompress.compressors.QSGD(bits=4, bucket_size=128),
+    "ef_topk": lambda: tfcompress.compressors.ErrorFeedback(
+        tfcompress.compressors.TopK(ratio=0.05)
+    ),
+    "diana_qsgd": lambda: tfcompress.compressors.DIANA(tfcompress.compressors.QSGD(bits=4)),
+}
+FORMATS = {
+    "tf_keras": ["tf_keras_model_save", "tf_saved_model_save"],
+    "keras3": ["keras3_model_export", "keras3_model_save_keras", "tf_saved_model_save"],
+}
+EXPORTS = [
+    f"{name}/{flavour}/{fmt}"
+    for name in COMPRESSORS
+    for flavour, formats in FORMATS.items()
+    for fmt in formats
+]
+
+rng = np.random.default_rng(0)
+X = rng.normal(size=(96, 10, 10, 1)).astype("float32")
+Y = rng.integers(0, 4, size=96).astype("int32")
+INPUTS = X[:16]
+
+
+def build_and_train(keras_module, strategy):
+    with strategy.scope():
+        model = keras_module.Sequential(
+            [
+                keras_module.Input((10, 10, 1)),
+                keras_module.layers.Conv2D(8, 3, activation="relu"),
+                keras_module.layers.Flatten(),
+                keras_module.layers.Dense(4),
+            ]
+        )
+        model.compile(
+            optimizer=keras_module.optimizers.SGD(0.05),
+            loss=keras_module.losses.SparseCategoricalCrossentropy(from_logits=True),
+            metrics=["accuracy"],
+        )
+    model.fit(X, Y, batch_size=32, epochs=1, verbose=0)
+    return model
+
+
+def graph_op_types(graph_def) -> set[str]:
+    """Op types of a GraphDef's nodes and of every function in its library."""
+    types = {node.op for node in graph_def.node}
+    for function in graph_def.library.function:
+        types.update(node.op for node in function.node_def)
+    return types
+
+
+def saved_model_op_types(directory) -> set[str]:
+    saved_model = saved_model_pb2.SavedModel()
+    saved_model.ParseFromString((pathlib.Path(directory) / "saved_model.pb").read_bytes())
+    types = set()
+    for meta_graph in saved_model.meta_graphs:
+        types |= graph_op_types(meta_graph.graph_def)
+    return types
+
+
+def files_mentioning_tfcompress(path) -> list[str]:
+    """Files (or .keras archive members) whose bytes contain 'tfcompress', any case."""
+    path = pathlib.Path(path)
+    found = []
+    if path.is_file() and zipfile.is_zipfile(path):
+        with zipfile.ZipFile(path) as archive:
+            found = [n for n in archive.namelist() if b"tfcompress" in archive.read(n).lower()]
+    else:
+        files = [p for p in path.rglob("*") if p.is_file()]
+        found = [str(p) for p in files if b"tfcompress" in p.read_bytes().lower()]
+    return found
+
+
+def tf_keras_train_op_types(model) -> set[str]:
+    # tf-keras keeps its train step as a tf.function; its traced graphs show
+    # which ops training ran.
+    types = set()
+    for concrete in model.train_function._list_all_concrete_functions():
+        types |= graph_op_types(concrete.graph.as_graph_def())
+    return types
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory, kernel_library):
+    """Trains and exports every (compressor, Keras, format); serves all in one fresh process."""
+    import keras
+    import tf_keras
+
+    root = tmp_path_factory.mktemp("exports")
+    np.save(root / "inputs.npy", INPUTS)
+    manifest, references, train_ops = [], {}, {}
+    with ops.implementation("kernel"):
+        for name, make in COMPRESSORS.items():
+            for flavour, keras_module in (("tf_keras", tf_keras), ("keras3", keras)):
+                strategy = tfcompress.distribute.MirroredStrategy(
+                    DEVICES, compression=make(), policy=64
+                )
+                model = build_and_train(keras_module, strategy)
+                assert tfcompress.distribute.traffic_stats(strategy)["bytes_compressible"] > 0
+                if flavour == "tf_keras":
+                    train_ops[name] = tf_keras_train_op_types(model)
+                reference = model.predict(INPUTS, verbose=0)
+                for fmt in FORMATS[flavour]:
+                    key = f"{name}/{flavour}/{fmt}"
+                    path = root / key.replace("/", "-")
+                    if fmt == "tf_keras_model_save":
+                        model.save(str(path))
+                        kind = "tf_keras_saved_model"
+                    elif fmt == "tf_saved_model_save":
+                        tf.saved_model.save(model, str(path))
+                        kind = "saved_model"
+                    elif fmt == "keras3_model_export":
+                        model.export(str(path), verbose=False)
+                        kind = "saved_model"
+                    else:
+                        path = path.with_suffix(".keras")
+                        model.save(str(path))
+                        kind = "keras_file"
+                    manifest.append(
+                        {
+                            "name": key,
+                            "kind": kind,
+                            "path": str(path),
+                            "inputs": str(root / "inputs.npy"),
+                        }
+                    )
+                    references[key] = reference
+    (root / "manifest.json").write_text(json.dumps(manifest))
+    served = serve_without_tfcompress(root / "manifest.json", root / "served.npz")
+    return {"manifest": {e["name"]: e for e in manifest}, "references": references,
+            "served": served, "train_ops": train_ops}  # fmt: skip
+
+
+def serve_without_tfcompress(manifest, output) -> dict[str, np.ndarray]:
+    environment = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    environment.pop("TF_USE_LEGACY_KERAS", None)
+    proc = subprocess.run(
+        [sys.executable, str(WORKERS / "export_worker.py"), "serve", str(manifest), str(output)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=str(pathlib.Path(output).parent),
+        env=environment,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    with np.load(output) as data:
+        return {k: data[k] for k in data.files}
+
+
+def test_training_graph_used_the_custom_kernels(exported):
+    # Otherwise the checks below would be vacuous for the kernel ops.
+    for name in ("qsgd", "ef_topk", "diana_qsgd"):
+        assert any(t.startswith(PREFIX) for t in exported["train_ops"][name]), name
+
+
+@pytest.mark.parametrize("key", EXPORTS)
+def test_serves_without_tfcompress_and_predicts_the_same(exported, key):
+    served, reference = exported["served"], exported["references"][key]
+    np.testing.assert_array_equal(served[key], reference)
+    if key.endswith("tf_keras_model_save"):
+        np.testing.assert_array_equal(served[key + ":load_model"], reference)
+
+
+@pytest.mark.parametrize("key", EXPORTS)
+def test_no_tfcompress_op_or_name_in_the_export(exported, key):
+    path = exported["manifest"][key]["path"]
+    if not path.endswith(".keras"):
+        custom = sorted(t for t in saved_model_op_types(path) if t.startswith(PREFIX))
+        assert custom == [], f"{key}: custom ops in the exported graph: {custom}"
+    assert files_mentioning_tfcompress(path) == []
+
+
+@pytest.mark.slow
+def test_two_workers_chief_exports_and_a_fresh_process_serves(tmp_path):
+    run_workers(
+        "export_worker.py",
+        ["train", "--keras", "tf_keras", "--compression", "ef_topk", "--out", str(tmp_path)],
+        env={"PYTHONPATH": str(ROOT)},
+    )
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    assert sorted(e["name"] for e in manifest) == ["model_save", "tf_saved_model"]
+    # only the chief's exports exist (the other worker deleted its temporary ones)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "inputs.npy",
+        "manifest.json",
+        "model_save",
+        "reference.npy",
+        "tf_saved_model",
+    ]
+    served = serve_without_tfcompress(tmp_path / "manifest.json", tmp_path / "served.npz")
+    reference = np.load(tmp_path / "reference.npy")
+    for entry in manifest:
+        assert not any(t.startswith(PREFIX) for t in saved_model_op_types(entry["path"]))
+        assert files_mentioning_tfcompress(entry["path"]) == []
+        np.testing.assert_array_equal(served[entry["name"]], reference)
+    np.testing.assert_array_equal(served["model_save:load_model"], reference)
