@@ -321,12 +321,16 @@ def test_tf_keras_fit_with_tensorboard_callback_and_steps_per_execution(tmp_path
 
 
 @pytest.mark.slow
-def test_two_workers_chief_writes_summaries_and_prints(tmp_path):
+@pytest.mark.parametrize(
+    "flavour, compression, quality",
+    [("keras3", "ef_topk", "residual_norm"), ("tf_keras", "diana_qsgd", "shift_norm")],
+)
+def test_two_workers_chief_writes_summaries_and_prints(tmp_path, flavour, compression, quality):
     log_dir, out = tmp_path / "logs", tmp_path / "out"
     out.mkdir()
     result = run_workers(
         "monitor_worker.py",
-        ["--keras", "keras3", "--compression", "ef_topk"]
+        ["--keras", flavour, "--compression", compression]
         + ["--log-dir", str(log_dir), "--out", str(out)],
     )
     workers = [json.loads((out / f"worker{i}.json").read_text()) for i in range(2)]
@@ -338,7 +342,7 @@ def test_two_workers_chief_writes_summaries_and_prints(tmp_path):
                 traffic["bytes_sent"] / traffic["steps"]
             )
         assert logs[f"{PREFIX}compression_ratio"][-1] > 2.0
-        assert logs[f"{PREFIX}residual_norm"][-1] > 0.0
+        assert logs[f"{PREFIX}{quality}"][-1] > 0.0
     # only the chief writes summaries, and only the chief prints the progress bar
     assert len(list(log_dir.glob("events.out.tfevents.*"))) == 1
     scalars = read_scalars(log_dir)

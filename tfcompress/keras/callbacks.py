@@ -78,7 +78,10 @@ class CompressionMonitor(keras.callbacks.Callback):
     Batch-level figures cover the steps since the previous log; epoch-level
     ones cover the epoch's training steps (validation traffic excluded). All
     counts are this worker's, so workers may print slightly different values
-    when payload sizes vary.
+    when payload sizes vary. ``History`` and TensorBoard hold these values;
+    tf-keras' progress bar prints, for keys that are not model metrics, the
+    mean of the values logged so far in the epoch (Keras 3's prints them as
+    logged).
 
     TensorBoard: the chief writes the same figures as ``tf.summary`` scalars
     (``<prefix><name>`` at the optimizer's step, ``<prefix>epoch/<name>`` at
@@ -114,8 +117,9 @@ class CompressionMonitor(keras.callbacks.Callback):
     """
 
     # tf-keras' CallbackList asks every callback whether it takes tensors in
-    # logs (no: it gets numbers) and which batch hooks it implements.
-    _supports_tf_logs = False
+    # logs (yes: it only adds numbers to them, so tf-keras need not fetch the
+    # step's logs for it) and which batch hooks it implements.
+    _supports_tf_logs = True
 
     def __init__(
         self,
