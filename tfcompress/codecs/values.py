@@ -42,7 +42,7 @@ import tensorflow as tf
 
 from tfcompress.ops import bitpack, quantize
 from tfcompress.ops import value_codecs as deflate_ops
-from tfcompress.ops._checks import require
+from tfcompress.ops._checks import invalid_argument, require
 
 __all__ = [
     "VALUE_CODECS",
@@ -142,6 +142,15 @@ class ValueCodec:
             return tf.identity(data), tf.identity(count)
 
     def _require_size(self, data: tf.Tensor, expected: tf.Tensor, what: str = "") -> tf.Tensor:
+        static_size, static_expected = data.shape.num_elements(), tf.get_static_value(expected)
+        if static_size is not None and static_expected is not None:
+            # Both known while tracing: fail now, as the run-time check would.
+            if static_size != int(static_expected):
+                raise invalid_argument(
+                    f"{self.name} values: corrupted payload: {what}{' ' if what else ''}has "
+                    f"{static_size} bytes, expected {int(static_expected)}"
+                )
+            return data
         size = tf.size(data, out_type=tf.int64)
         checks = require(
             tf.equal(size, expected),
@@ -153,7 +162,9 @@ class ValueCodec:
             ],
         )
         with tf.control_dependencies(checks):
-            return tf.identity(data)
+            # A slice to the checked length: the result's static length is the
+            # expected one, so a later reshape never fails while tracing.
+            return tf.slice(data, tf.zeros([1], tf.int64), tf.reshape(expected, [1]))
 
 
 def _float32_bytes(values: tf.Tensor) -> tf.Tensor:
@@ -442,7 +453,12 @@ class PolynomialFit(ValueCodec):
             dx, dy = x1 - x0, y1 - y0
             distance = tf.abs(dy * (x - x0) - dx * (yn - y0)) / tf.sqrt(dx * dx + dy * dy + 1e-300)
             best = tf.argmax(distance, output_type=tf.int64)
-            return best, distance[best]
+            # Segments are disjoint, so the farthest point starts the new segment
+            # or ends the old one: cut at the larger of its two gaps (at a sign
+            # jump both ends of the jump are equally far from the chord).
+            before = tf.abs(yn[best] - yn[tf.maximum(best - 1, 0)])
+            after = tf.abs(yn[tf.minimum(best + 1, r - 1)] - yn[best])
+            return tf.where(after > before, best + 1, best), distance[best]
 
         def cond(starts, done):
             return tf.logical_and(tf.logical_not(done), tf.size(starts) < self.max_segments)
@@ -660,8 +676,12 @@ class DoubleExponentialFit(ValueCodec):
             )
 
         damping = tf.constant(1e-3, tf.float64)
-        for _ in range(self.refinements):
-            theta, damping = step(theta, damping)
+        theta, _ = tf.while_loop(
+            lambda theta, damping: tf.constant(True),
+            step,
+            (theta, damping),
+            maximum_iterations=self.refinements,
+        )
         return theta
 
     def encode(self, values, seed=None) -> tf.Tensor:
@@ -712,7 +732,9 @@ class DoubleExponentialFit(ValueCodec):
         checks = _require_finite(theta, self.name, "a coefficient")
         checks += require(
             tf.reduce_all(tf.abs(tf.gather(theta, [1, 3])) <= self._MAX_RATE),
-            lambda: ["dexpfit values: corrupted payload: an exponent rate beyond ", self._MAX_RATE],
+            lambda: [
+                f"dexpfit values: corrupted payload: an exponent rate beyond {self._MAX_RATE}"
+            ],
         )
         with tf.control_dependencies(checks):
             x = tf.cast(tf.range(count), tf.float64) / tf.cast(tf.maximum(count - 1, 1), tf.float64)
