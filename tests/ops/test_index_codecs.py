@@ -196,6 +196,13 @@ def test_bloom_hash_matches_the_documented_splitmix64():
     np.testing.assert_array_equal(got.astype(np.uint64), np.array(expected, np.uint64))
 
 
+def test_bloom_insert_beyond_2_31_positions(impl):
+    d = 2**40 + 9
+    indices = np.array([0, 2**31, 2**35 + 1, d - 1], np.int64)
+    filter_bits = ic.bloom_insert(indices, d, 1000, 6).numpy()
+    np.testing.assert_array_equal(filter_bits, oracle_bloom_filter(indices, 1000, 6))
+
+
 def test_bloom_insert_and_query_kernel_matches_reference_and_oracle(kernel_library):
     for pattern, indices, d in index_sets(np.random.default_rng(3)):
         if d > 2**20:

@@ -197,8 +197,11 @@ void CollectInBlocks(
   const Blocks blocks = MakeBlocks(context, n);
   std::vector<std::vector<int64_t>> found(blocks.count);
   const auto* workers = context->device()->tensorflow_cpu_worker_threads();
-  Shard(workers->num_threads, workers->workers, blocks.count,
-        cost_per_element * blocks.size, [&](int64_t first, int64_t last) {
+  // The cost is only a scheduling hint; capped so that it cannot overflow.
+  const int64_t cost =
+      std::min<int64_t>(blocks.size, int64_t{1} << 40) * cost_per_element;
+  Shard(workers->num_threads, workers->workers, blocks.count, cost,
+        [&](int64_t first, int64_t last) {
           for (int64_t block = first; block < last; ++block) {
             work(blocks.Begin(block), blocks.End(block), &found[block]);
           }
