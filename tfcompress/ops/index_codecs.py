@@ -483,12 +483,12 @@ def bloom_bit_positions(
     """
     positions = tf.cast(tf.convert_to_tensor(positions, dtype_hint=tf.int64), tf.int64)
     num_bits = tf.cast(tf.convert_to_tensor(num_bits, dtype_hint=tf.int64), tf.uint64)
-    num_hashes = tf.cast(tf.convert_to_tensor(num_hashes, dtype_hint=tf.int64), tf.uint64)
+    num_hashes = tf.cast(tf.convert_to_tensor(num_hashes, dtype_hint=tf.int64), tf.int64)
     p = tf.cast(positions, tf.uint64)
     gamma = tf.constant(BLOOM_GAMMA, tf.uint64)
     h1 = _mix64(p + gamma)
     h2 = tf.bitwise.bitwise_or(_mix64(p + gamma + gamma), tf.constant(1, tf.uint64))
-    i = tf.cast(tf.range(num_hashes, dtype=tf.int64), tf.uint64)
+    i = tf.cast(tf.range(num_hashes), tf.uint64)
     return tf.math.floormod(h1[:, None] + i[None, :] * h2[:, None], num_bits)
 
 

@@ -209,7 +209,9 @@ void CollectInBlocks(
   size_t total = 0;
   for (const auto& part : found) total += part.size();
   out->reserve(total);
-  for (const auto& part : found) out->insert(out->end(), part.begin(), part.end());
+  for (const auto& part : found) {
+    out->insert(out->end(), part.begin(), part.end());
+  }
 }
 
 absl::Status OutputPositions(OpKernelContext* context,
@@ -266,7 +268,8 @@ struct BloomQuery<CPUDevice> {
           };
           for (int64_t p = begin; p < end; ++p) {
             // Hash 0 is h1 mod m: most positions fail it, before h2 is needed.
-            const uint64_t h1 = Mix64(static_cast<uint64_t>(p) + kSplitMixGamma);
+            const uint64_t h1 =
+                Mix64(static_cast<uint64_t>(p) + kSplitMixGamma);
             if (!is_set(h1 % m)) continue;
             const uint64_t h2 =
                 Mix64(static_cast<uint64_t>(p) + 2 * kSplitMixGamma) | 1;
@@ -503,7 +506,7 @@ class RunLengthDecodeOp : public OpKernel {
   }
 };
 
-// --- delta + varint ------------------------------------------------------------
+// --- delta + varint ----------------------------------------------------------
 //
 // Layout: LEB128 varints (7 bits per byte, least significant group first, high
 // bit set on every byte but the last): first the number of indices r, then
@@ -511,7 +514,9 @@ class RunLengthDecodeOp : public OpKernel {
 // most kMaxVarintBytes bytes, and a varint of two or more bytes never ends in
 // a zero byte. The count makes truncation at a varint boundary detectable.
 
-int VarintLength(uint64_t value) { return std::max(1, (BitLength(value) + 6) / 7); }
+int VarintLength(uint64_t value) {
+  return std::max(1, (BitLength(value) + 6) / 7);
+}
 
 uint8_t* WriteVarint(uint8_t* out, uint64_t value) {
   while (value >= 0x80) {
@@ -635,7 +640,7 @@ class VarintDecodeOp : public OpKernel {
   }
 };
 
-// --- Bloom filter --------------------------------------------------------------
+// --- Bloom filter ------------------------------------------------------------
 
 class BloomInsertOp : public OpKernel {
  public:

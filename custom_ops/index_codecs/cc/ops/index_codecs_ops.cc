@@ -33,8 +33,9 @@
 //   Bloom:      BloomInsert returns the m-bit filter, ceil(m / 8) bytes. Hash
 //               i in [0, k) of position p selects bit (h1 + i * h2) mod m,
 //               where h1 = Mix64(p + G), h2 = Mix64(p + 2G) | 1 are the first
-//               two outputs of SplitMix64 seeded with p (G = 0x9E3779B97F4A7C15,
-//               Mix64 = SplitMix64's finaliser; arithmetic modulo 2^64).
+//               two outputs of SplitMix64 seeded with p
+//               (G = 0x9E3779B97F4A7C15, Mix64 = SplitMix64's finaliser;
+//               arithmetic modulo 2^64).
 
 #include <cstdint>
 
