@@ -283,12 +283,20 @@ class GradiVeQ(Compressor):
       ValueError: an option outside its valid values (the message names it),
         or an option given together with its alias.
 
-    Defaults: 100 warm-up, 20 sampling and 80 compressed steps (the paper's
-    2500/100/400 scaled for runs of a few hundred steps; pass them for long
-    runs). Tuning: a larger ``energy_loss`` or a small ``max_components``
-    raises the ratio ``K / d``; longer ``sampling_steps`` give bases that
-    generalise better; ``sampling="qsgd"`` makes sampling iterations ~6x
-    cheaper at the price of noisier bases.
+    Defaults: 100 warm-up, 40 sampling and 60 compressed steps, for runs of a
+    few hundred steps (the paper's 2500/100/400 is ``GradiVeQ.paper()``). On
+    a small Fashion-MNIST CNN, 20 sampling steps per 80 left relative
+    reconstruction errors of 0.3-0.6 on the conv kernel and cost 2 points of
+    accuracy after 300 steps; 40 per 60 brought them to 0.1-0.2 and matched the
+    uncompressed accuracy.
+
+    Tuning: a larger ``energy_loss`` or a small ``max_components`` raises the
+    ratio ``K / d`` and the reconstruction error; more sampling steps, or a
+    smaller ``slice_length`` (``D_in * F_out``: more slices, so more samples
+    per step), give bases that generalise better to the compressed steps;
+    ``sampling="qsgd"`` makes sampling iterations ~6x cheaper at the price of
+    noisier bases; ``refresh_threshold`` (e.g. 0.3) starts a new block as soon
+    as the bases stop fitting.
 
     Example:
 
@@ -309,8 +317,8 @@ class GradiVeQ(Compressor):
         components: int | None = None,
         energy_loss: float = 0.01,
         warmup_steps: int = 100,
-        sampling_steps: int = 20,
-        compressed_steps: int = 80,
+        sampling_steps: int = 40,
+        compressed_steps: int = 60,
         sampling: str | Compressor = "exact",
         refresh_threshold: float | None = None,
         max_components: int | None = None,
@@ -331,7 +339,7 @@ class GradiVeQ(Compressor):
             energy_loss = 1.0 - float(energy)
         if sample_steps is not None:
             _no_both(
-                "sampling_steps", sampling_steps if sampling_steps != 20 else None, "sample_steps"
+                "sampling_steps", sampling_steps if sampling_steps != 40 else None, "sample_steps"
             )
             sampling_steps = sample_steps
         if sample_compressor is not None:

@@ -1,0 +1,155 @@
+"""GradiVeQ through the strategies: 2 in-process replicas, then 2 real workers.
+
+The in-process tests run the compressor through the compressing cross-device
+ops over two logical CPUs (one traced function, the phase switching in the
+graph). The slow ones start two worker processes (tests/workers/gradiveq_worker.py)
+and check that U is bit-identical on both workers after every refresh, that the
+schedule switches as configured, and that a small CNN on Fashion-MNIST reaches
+the accuracy of the uncompressed run.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfcompress
+from tests.distribute.test_mirrored import local, make, reduce_on_devices
+from tests.multiworker import run_workers
+from tfcompress.compressors import GradiVeQ
+
+SHAPE = (3, 3, 8, 8)  # K = 192, S = 3
+SIZE = int(np.prod(SHAPE))
+
+
+def replica_gradient(step: tf.Tensor, replica: tf.Tensor) -> tf.Tensor:
+    """A rank-2 (per slice row) gradient that changes with the step and the replica."""
+    rng = np.random.default_rng(0)
+    directions = tf.constant(rng.normal(size=(2, 192)).astype(np.float32))
+    t = tf.cast(step, tf.float32) + 1.0
+    r = tf.cast(replica, tf.float32) + 1.0
+    rows = tf.stack([tf.sin(t * r * [1.0, 2.0] + k) for k in range(3)])  # [S, 2]
+    return tf.reshape(rows @ directions, SHAPE)
+
+
+def test_schedule_switches_in_one_traced_function():
+    compressor = GradiVeQ(warmup_steps=1, sampling_steps=3, compressed_steps=2, packs=2)
+    strategy = make(compressor, min_size=4)
+    traces = []
+
+    @tf.function
+    def step(t):
+        traces.append(1)
+        pr = strategy.run(
+            lambda: replica_gradient(
+                t, tf.distribute.get_replica_context().replica_id_in_sync_group
+            )
+        )
+        return reduce_on_devices(strategy, "sum", pr)
+
+    sent = []
+    for t in range(9):
+        tfcompress.distribute.reset_traffic_stats(strategy)
+        results = local(step(tf.constant(t)))
+        sent.append(tfcompress.distribute.traffic_stats(strategy)["bytes_sent"])
+        want = (replica_gradient(t, 0) + replica_gradient(t, 1)).numpy()
+        np.testing.assert_array_equal(results[0], results[1])
+        # exact steps are exact; compressed ones reconstruct the rank-2 data
+        tol = 0 if t in (0, 1, 2, 3, 6, 7, 8) else 1e-4
+        np.testing.assert_allclose(results[0], want, rtol=tol, atol=tol)
+    assert len(traces) == 1
+    # phases: warm-up 0 | sampling 1-3 | compressed 4-5 | sampling 6-8
+    ops = strategy.extended._cross_device_ops  # test introspection
+    layers = [ops.bound_compressors[key] for key in sorted(ops.bound_compressors)]
+    assert len(layers) == 2
+    d = int(layers[0].components)
+    assert 1 <= d <= 6  # rank 2 + centring: at most 3 directions carry energy
+    exact = 2 * SIZE * 4  # two replicas' float32 tensors
+    assert sent[0] == sent[1] == sent[6] == exact
+    assert sent[4] == sent[5] == 2 * (4 * d * 3 + 4)  # coefficients + fingerprint
+    np.testing.assert_array_equal(layers[0].basis.numpy(), layers[1].basis.numpy())
+    schedule = ops.schedule_of(0)
+    assert int(schedule.step) == 9 and int(layers[0].refreshes) == 1
+
+
+def test_keras_fit_in_process_switches_and_trains():
+    """model.fit on 2 in-process replicas with the phases of a short schedule."""
+    compressor = GradiVeQ(warmup_steps=2, sampling_steps=3, compressed_steps=3)
+    strategy = make(compressor, min_size=256)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(256, 8, 8, 1)).astype("float32")
+    y = (x.mean(axis=(1, 2, 3)) > 0).astype("int32")
+    with strategy.scope():
+        model = tf.keras.Sequential(
+            [
+                tf.keras.Input((8, 8, 1)),
+                tf.keras.layers.Conv2D(8, 3, activation="relu"),
+                tf.keras.layers.Conv2D(16, 3, activation="relu"),
+                tf.keras.layers.Flatten(),
+                tf.keras.layers.Dense(2),
+            ]
+        )
+        model.compile(
+            optimizer=tf.keras.optimizers.SGD(0.05),
+            loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        )
+    history = model.fit(x, y, batch_size=32, epochs=2, verbose=0)
+    ops = strategy.extended._cross_device_ops
+    schedule = ops.schedule_of(0)
+    assert int(schedule.step) == 16
+    layers = [ops.bound_compressors[key] for key in sorted(ops.bound_compressors)]
+    assert all(int(layer.refreshes) == 2 for layer in layers)  # blocks end at steps 4 and 10
+    for a, b in zip(layers[::2], layers[1::2], strict=True):
+        np.testing.assert_array_equal(a.basis.numpy(), b.basis.numpy())
+    assert np.isfinite(history.history["loss"]).all()
+    assert history.history["loss"][-1] < history.history["loss"][0]
+
+
+# -- real workers ---------------------------------------------------------------------------
+
+
+def load(out: pathlib.Path, worker: int) -> dict:
+    return dict(np.load(out / f"worker{worker}.npz"))
+
+
+@pytest.mark.slow
+def test_two_workers_bit_identical_bases_and_schedule(tmp_path):
+    """U identical byte for byte on both workers after each refresh; phases as configured."""
+    run_workers(
+        "gradiveq_worker.py",
+        ["--mode", "bases", "--out", str(tmp_path)],
+        timeout=300,
+    )
+    w0, w1 = load(tmp_path, 0), load(tmp_path, 1)
+    phases = json.loads(str(w0["phases"]))
+    assert phases == json.loads(str(w1["phases"]))
+    # warm-up 2, then blocks of 3 sampling + 4 compressed steps, 16 steps
+    assert phases == [0, 0, 1, 1, 1, 2, 2, 2, 2, 1, 1, 1, 2, 2, 2, 2]
+    refreshes = [k for k in w0 if k.startswith("basis_")]
+    assert len(refreshes) >= 4  # 2 refreshes x at least 2 compressed tensors
+    for key in refreshes:
+        assert w0[key].tobytes() == w1[key].tobytes(), key
+        assert np.abs(w0[key]).sum() > 0
+    np.testing.assert_array_equal(w0["weights"], w1["weights"])
+
+
+@pytest.mark.slow
+def test_two_workers_fashion_mnist_accuracy_close_to_uncompressed(tmp_path):
+    results = {}
+    for compression in ("none", "gradiveq"):
+        out = tmp_path / compression
+        out.mkdir()
+        run_workers(
+            "gradiveq_worker.py",
+            ["--mode", "fit", "--compression", compression, "--out", str(out)],
+            timeout=400,
+        )
+        results[compression] = json.loads(str(load(out, 0)["summary"]))
+    base, ours = results["none"]["accuracy"], results["gradiveq"]["accuracy"]
+    print(f"test accuracy: uncompressed {base:.4f}, GradiVeQ {ours:.4f}; {results}")
+    assert results["gradiveq"]["compressed_steps"] > 0
+    assert ours >= base - 0.01, results

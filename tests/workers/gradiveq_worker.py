@@ -1,0 +1,148 @@
+"""One worker of a 2-worker ``model.fit`` run with GradiVeQ, started by the tests' harness.
+
+Usage: gradiveq_worker.py --mode {bases,fit} [--compression {none,gradiveq}] --out DIR
+
+``bases``: 16 steps of a small CNN on random data with
+``GradiVeQ(warmup_steps=2, sampling_steps=3, compressed_steps=4)``; writes
+DIR/worker<i>.npz with the phase of every step (read from the schedule), the
+bytes sent per step, the final weights, and a copy of every compressed
+tensor's basis U taken right after each refresh (``basis_<refresh>_<tensor>``).
+
+``fit``: a small CNN on 38,400 Fashion-MNIST training images (300 steps of 64
+images per worker), with or without GradiVeQ (the default schedule:
+warm-up 100, blocks of 40 sampling + 60 compressed steps; K = 512); writes ``summary`` (test accuracy on 2,000
+test images, loss, compressed steps, bytes sent).
+"""
+
+import argparse
+import json
+import os
+import sys
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--mode", choices=["bases", "fit"], required=True)
+parser.add_argument("--compression", choices=["none", "gradiveq"], default="gradiveq")
+parser.add_argument("--out", required=True)
+args = parser.parse_args()
+
+os.environ["TF_USE_LEGACY_KERAS"] = "1"
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+import tf_keras as keras  # noqa: E402
+
+import tfcompress  # noqa: E402
+from tfcompress.compressors import GradiVeQ  # noqa: E402
+
+task = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+keras.utils.set_random_seed(1)
+
+if args.mode == "bases":
+    compressor = GradiVeQ(
+        warmup_steps=2, sampling_steps=3, compressed_steps=4, sampling="qsgd", packs=2
+    )
+    batch, steps = 16, 16
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(batch * 2 * steps, 12, 12, 1)).astype("float32")
+    y = rng.integers(0, 4, size=(len(x),)).astype("int32")
+    x_test = y_test = None
+else:
+    compressor = (
+        GradiVeQ(slice_length=512)  # warm-up 100, blocks of 40 + 60
+        if args.compression == "gradiveq"
+        else None
+    )
+    batch, steps = 64, 300
+    (x, y), (x_test, y_test) = tfcompress.data.load_fashion_mnist(subset=batch * 2 * steps)
+    x_test, y_test = x_test[:2000], y_test[:2000]
+
+strategy = tfcompress.distribute.MultiWorkerMirroredStrategy(compression=compressor)
+# Each worker reads its own half of the global batch (2 workers x ``batch``).
+dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(2 * batch)
+options = tf.data.Options()
+options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+dataset = dataset.with_options(options)
+
+with strategy.scope():
+    if args.mode == "bases":
+        layers = [
+            keras.Input((12, 12, 1)),
+            keras.layers.Conv2D(8, 3, activation="relu"),
+            keras.layers.Conv2D(16, 3, activation="relu"),
+            keras.layers.Flatten(),
+            keras.layers.Dense(4),
+        ]
+    else:
+        layers = [
+            keras.Input((28, 28, 1)),
+            keras.layers.Conv2D(16, 3, activation="relu"),
+            keras.layers.MaxPooling2D(),
+            keras.layers.Conv2D(32, 3, activation="relu"),
+            keras.layers.MaxPooling2D(),
+            keras.layers.Flatten(),
+            keras.layers.Dense(64, activation="relu"),
+            keras.layers.Dense(10),
+        ]
+    model = keras.Sequential(layers)
+    model.compile(
+        optimizer=keras.optimizers.SGD(0.05, momentum=0.9),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
+    )
+
+ops = strategy.extended._cross_device_ops  # test introspection
+
+
+class Recorder(keras.callbacks.Callback):
+    """Phase, bytes and bases after every step (schedule state is read eagerly)."""
+
+    def __init__(self):
+        super().__init__()
+        self.next_phase = []
+        self.bytes_sent = []
+        self.bases = {}
+        self.refreshes = {}
+
+    def on_train_batch_begin(self, batch, logs=None):
+        tfcompress.distribute.reset_traffic_stats(strategy)
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.bytes_sent.append(int(tfcompress.distribute.traffic_stats(strategy)["bytes_sent"]))
+        schedule = ops.schedule_of(0) if compressor is not None else None
+        self.next_phase.append(-1 if schedule is None else int(schedule.branch_index()))
+        for i, key in enumerate(sorted(ops.bound_compressors)):
+            layer = ops.bound_compressors[key]
+            count = int(layer.refreshes)
+            if count != self.refreshes.get(key, 0):
+                self.refreshes[key] = count
+                self.bases[f"basis_{count}_{i}"] = layer.basis.numpy().copy()
+
+
+recorder = Recorder()
+history = model.fit(dataset, epochs=1, verbose=2, callbacks=[recorder])
+weights = np.concatenate([np.asarray(w).ravel() for w in model.get_weights()])
+# The phase of step i is what the schedule said after step i - 1; step 0 is in
+# the warm-up (warmup_steps > 0), branch 0.
+phases = [0] + recorder.next_phase[:-1]
+extra = {}
+if args.mode == "fit":
+    logits = model.predict(x_test, verbose=0)
+    accuracy = float(np.mean(np.argmax(logits, axis=1) == y_test))
+    compressed = sum(1 for p in phases if p == 1) if compressor is not None else 0
+    extra["summary"] = json.dumps(
+        {
+            "accuracy": accuracy,
+            "loss": float(history.history["loss"][-1]),
+            "compressed_steps": compressed,
+            "bytes_sent": sum(recorder.bytes_sent),
+        }
+    )
+np.savez(
+    os.path.join(args.out, f"worker{task}.npz"),
+    weights=weights,
+    phases=json.dumps(phases),
+    bytes_sent=np.asarray(recorder.bytes_sent),
+    **recorder.bases,
+    **extra,
+)
+print("worker", task, "done", phases, recorder.bytes_sent, extra, file=sys.stderr)
