@@ -1,9 +1,11 @@
 """Gradient compressors: ``compress`` -> payload -> ``decompress``."""
 
-from tfcompress.compressors.base import Compressor, Payload, payload_nbytes
+from tfcompress.compressors.base import Compressor, Payload, Schedule, payload_nbytes
+from tfcompress.compressors.deepreduce import DeepReduce
 from tfcompress.compressors.diana import DIANA
 from tfcompress.compressors.error_feedback import ErrorFeedback
 from tfcompress.compressors.fp16 import FP16
+from tfcompress.compressors.gradiveq import GradiVeQ
 from tfcompress.compressors.identity import Identity
 from tfcompress.compressors.pquant import PQuant
 from tfcompress.compressors.qsgd import QSGD
@@ -11,6 +13,7 @@ from tfcompress.compressors.randomk import RandomK
 from tfcompress.compressors.registry import available, get, register
 from tfcompress.compressors.signsgd import SignSGD
 from tfcompress.compressors.state import TensorContext, local_variable, stateless_seed
+from tfcompress.compressors.switch import Switch
 from tfcompress.compressors.terngrad import TernGrad
 from tfcompress.compressors.topk import Threshold, TopK
 
@@ -19,12 +22,16 @@ __all__ = [
     "FP16",
     "QSGD",
     "Compressor",
+    "DeepReduce",
     "ErrorFeedback",
+    "GradiVeQ",
     "Identity",
     "PQuant",
     "Payload",
     "RandomK",
+    "Schedule",
     "SignSGD",
+    "Switch",
     "TensorContext",
     "TernGrad",
     "Threshold",

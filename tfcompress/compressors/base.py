@@ -15,6 +15,13 @@ cross-device ops choose the collective from one flag:
 
 State (error memories, shifts, bases) lives in ``tf.Variable``s listed by
 ``variables`` so that ``tf.train.Checkpoint`` saves and restores it.
+
+*Phased* compressors change their wire format over time (GradiVeQ's sampling
+and compressed iterations, a warm-up schedule). They return a
+:class:`Schedule` from :meth:`Compressor.schedule`; their bound compressors
+offer one view per phase through :meth:`Compressor.branch`, and the
+cross-device ops choose the phase of each aggregation in the graph
+(``tf.switch_case``), so nothing is retraced when the phase changes.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ import tensorflow as tf
 
 from tfcompress.compressors.state import TensorContext
 
-__all__ = ["Compressor", "Payload", "TensorContext", "payload_nbytes"]
+__all__ = ["Compressor", "Payload", "Schedule", "TensorContext", "payload_nbytes"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,6 +68,41 @@ def payload_nbytes(payload: Payload) -> tf.Tensor:
     return total
 
 
+class Schedule:
+    """Which phase (branch) of a phased compressor each aggregation uses.
+
+    The cross-device ops ask a phased compressor for one schedule per local
+    replica (:meth:`Compressor.schedule`) and, for every aggregation of that
+    replica, run::
+
+        index = schedule.branch_index()           # identical on every replica
+        decoded = tf.switch_case(index, [sum of all tensors with bound.branch(j)
+                                         for j in range(schedule.num_branches)])
+        schedule.advance(index)                   # after every tensor is decoded
+
+    All tensors of one aggregation use the same branch, so their collectives
+    stay batched. ``branch_index`` must return the same value on every replica
+    of every worker (a counter advanced identically, or a value the user sets
+    identically), otherwise the workers would run different collectives.
+    """
+
+    #: Number of branches (static).
+    num_branches: int = 1
+
+    def branch_index(self) -> tf.Tensor:
+        """int32 scalar tensor in ``[0, num_branches)``, read before the collectives."""
+        raise NotImplementedError
+
+    def advance(self, branch_index: tf.Tensor) -> None:
+        """Graph code run once per aggregation, after every tensor was decoded."""
+        del branch_index
+
+    @property
+    def variables(self) -> tuple[tf.Variable, ...]:
+        """The schedule's state (counters), saved by ``tf.train.Checkpoint``."""
+        return ()
+
+
 class Compressor:
     """Base class of all compressors (see the module docstring for the contract).
 
@@ -77,6 +119,11 @@ class Compressor:
     name: str = "compressor"
     #: True when E[decompress(compress(x))] = x (QSGD, TernGrad, RandomK, ...).
     unbiased: bool = False
+    #: True when the compressor encodes ``tf.IndexedSlices`` (embedding
+    #: gradients) itself, through ``compress_indexed_slices(slices) -> Payload``
+    #: and ``aggregate_indexed_slices(payloads) -> tf.IndexedSlices`` (all-gather
+    #: path); otherwise TensorFlow aggregates them exactly.
+    supports_indexed_slices: bool = False
 
     def bind(self, context: TensorContext) -> Compressor:
         """Returns the compressor to use for one tensor of one replica.
@@ -89,6 +136,37 @@ class Compressor:
         """
         del context
         return self
+
+    def schedule(self, replica: int, num_replicas: int, device: str | None) -> Schedule | None:
+        """The phase schedule of a phased compressor for one replica (``None``: not phased).
+
+        Called once per local replica by the cross-device ops, outside any
+        control flow (possibly while a function is traced: create variables
+        with :func:`~tfcompress.compressors.state.local_variable` and a
+        callable initial value).
+        """
+        del replica, num_replicas, device
+        return None
+
+    def branch(self, index: int) -> Compressor:
+        """The view of this bound compressor used in phase ``index``.
+
+        Phased compressors return a compressor (sharing this one's state) with
+        its own ``summable``, ``compress``, ``decompress`` and ``aggregate``.
+        Compressors without phases have the single branch 0: themselves.
+        """
+        if index != 0:
+            raise ValueError(f"{type(self).__name__} has a single phase; got branch {index}")
+        return self
+
+    def metrics(self) -> dict[str, tf.Tensor]:
+        """Quality figures of this bound compressor (e.g. ``residual_norm``), as scalars.
+
+        Read eagerly between steps by
+        :func:`tfcompress.distribute.compression_metrics`, which averages each
+        name over the bound tensors. Empty for stateless compressors.
+        """
+        return {}
 
     def omega(self, num_elements: int) -> float | None:
         """Variance factor: E||C(x) - x||^2 <= omega ||x||^2 (``None`` if biased)."""

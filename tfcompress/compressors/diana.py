@@ -258,6 +258,15 @@ class DIANA(Compressor):
             return tf.constant(0.0)
         return tf.norm(tf.cast(variable, tf.float32))
 
+    def metrics(self) -> dict[str, tf.Tensor]:
+        """``shift_norm`` (``h``), ``local_shift_norm`` (``h_i``) and the inner's figures."""
+        inner = {} if self._bound_inner is None else self._bound_inner.metrics()
+        return {
+            "shift_norm": self.shift_norm(),
+            "local_shift_norm": self.shift_norm(local=True),
+            **inner,
+        }
+
     @property
     def variables(self) -> tuple[tf.Variable, ...]:
         own = tuple(v for v in (self._local_shift, self._shift, self._velocity) if v is not None)

@@ -122,6 +122,11 @@ class ErrorFeedback(Compressor):
             return tf.constant(0.0)
         return tf.norm(tf.cast(self._memory, tf.float32))
 
+    def metrics(self) -> dict[str, tf.Tensor]:
+        """``residual_norm`` plus the inner compressor's figures."""
+        inner = {} if self._bound_inner is None else self._bound_inner.metrics()
+        return {"residual_norm": self.residual_norm(), **inner}
+
     @property
     def variables(self) -> tuple[tf.Variable, ...]:
         own = () if self._memory is None else (self._memory,)

@@ -5,14 +5,17 @@ from __future__ import annotations
 import inspect
 
 from tfcompress.compressors.base import Compressor
+from tfcompress.compressors.deepreduce import DeepReduce
 from tfcompress.compressors.diana import DIANA
 from tfcompress.compressors.error_feedback import ErrorFeedback
 from tfcompress.compressors.fp16 import FP16
+from tfcompress.compressors.gradiveq import GradiVeQ
 from tfcompress.compressors.identity import Identity
 from tfcompress.compressors.pquant import PQuant
 from tfcompress.compressors.qsgd import QSGD
 from tfcompress.compressors.randomk import RandomK
 from tfcompress.compressors.signsgd import SignSGD
+from tfcompress.compressors.switch import Switch
 from tfcompress.compressors.terngrad import TernGrad
 from tfcompress.compressors.topk import Threshold, TopK
 
@@ -39,6 +42,9 @@ for _cls in (
     ErrorFeedback,
     PQuant,
     DIANA,
+    DeepReduce,
+    GradiVeQ,
+    Switch,
 ):
     register(_cls)
 

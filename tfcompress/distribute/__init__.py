@@ -6,6 +6,7 @@ from tfcompress.distribute.policy import CompressionPolicy
 from tfcompress.distribute.strategy import (
     MirroredStrategy,
     MultiWorkerMirroredStrategy,
+    compression_metrics,
     compression_of,
     is_compressed_strategy,
     reset_traffic_stats,
@@ -19,6 +20,7 @@ __all__ = [
     "MirroredStrategy",
     "MultiWorkerMirroredStrategy",
     "TrafficCounters",
+    "compression_metrics",
     "compression_of",
     "is_compressed_strategy",
     "reset_traffic_stats",

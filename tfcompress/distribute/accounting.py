@@ -19,9 +19,15 @@ class TrafficCounters:
       bytes_compressible: part of ``bytes_uncompressed`` that the policy sent
         to the compressor.
       aggregations: number of tensors aggregated.
+      compress_seconds: wall-clock seconds from the compressed tensors being
+        ready to their payloads being ready (``tf.timestamp`` in the graph),
+        summed over aggregations and local replicas.
+      decompress_seconds: the same from the collectives' results being ready
+        to the decoded sums being ready.
     """
 
     NAMES = ("bytes_sent", "bytes_uncompressed", "bytes_compressible", "aggregations")
+    SECONDS = ("compress_seconds", "decompress_seconds")
 
     def __init__(self, device: str | None = None):
         with tf.init_scope(), tf.device(device):
@@ -35,20 +41,36 @@ class TrafficCounters:
                 )
                 for name in self.NAMES
             }
+            self._variables.update(
+                {
+                    name: tf.Variable(
+                        tf.constant(0.0, tf.float64),
+                        trainable=False,
+                        name=f"tfcompress_{name}",
+                        synchronization=tf.VariableSynchronization.NONE,
+                        aggregation=tf.VariableAggregation.NONE,
+                    )
+                    for name in self.SECONDS
+                }
+            )
 
     def add(self, **amounts) -> None:
-        """Adds int64 amounts (tensors or ints) to the named counters (graph code)."""
+        """Adds amounts (tensors or numbers) to the named counters (graph code)."""
         for name, amount in amounts.items():
-            self._variables[name].assign_add(tf.cast(amount, tf.int64))
+            variable = self._variables[name]
+            variable.assign_add(tf.cast(amount, variable.dtype))
 
-    def read(self) -> dict[str, int]:
-        """Current values as Python ints (eager)."""
-        return {name: int(v.numpy()) for name, v in self._variables.items()}
+    def read(self) -> dict[str, int | float]:
+        """Current values: ints for the byte and aggregation counts, floats for seconds (eager)."""
+        return {
+            name: float(v.numpy()) if name in self.SECONDS else int(v.numpy())
+            for name, v in self._variables.items()
+        }
 
     def reset(self) -> None:
         """Sets every counter to zero."""
         for v in self._variables.values():
-            v.assign(tf.constant(0, tf.int64))
+            v.assign(tf.zeros([], v.dtype))
 
     @property
     def variables(self) -> tuple[tf.Variable, ...]:

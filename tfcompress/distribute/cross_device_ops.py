@@ -13,12 +13,13 @@ NCCL on GPU); tfcompress only changes what is handed to them.
 from __future__ import annotations
 
 import copy
+import functools
 import itertools
 from collections.abc import Sequence
 
 import tensorflow as tf
 
-from tfcompress.compressors.base import Compressor, Payload
+from tfcompress.compressors.base import Compressor, Payload, Schedule
 from tfcompress.compressors.state import TensorContext
 from tfcompress.distribute import _tf_internal as internal
 from tfcompress.distribute.accounting import TrafficCounters
@@ -73,6 +74,8 @@ class CompressingCollectiveAllReduce(internal.CollectiveAllReduce):
         self.counters = counters or TrafficCounters(self._devices[0])
         # (tensor key, local replica) -> compressor bound to that tensor (its state).
         self._bound: dict[tuple[str, int], Compressor] = {}
+        # local replica -> the phase schedule of a phased compressor (None: not phased).
+        self._schedules: dict[int, Schedule | None] = {}
         task = tf.DeviceSpec.from_string(self._devices[0]).task or 0
         self._first_global_replica = task * len(self._devices)
 
@@ -90,9 +93,20 @@ class CompressingCollectiveAllReduce(internal.CollectiveAllReduce):
             self._bound[(key, replica_id)] = self.compressor.bind(context)
         return self._bound[(key, replica_id)]
 
+    def schedule_of(self, replica_id: int) -> Schedule | None:
+        """The phase schedule of local replica ``replica_id`` (``None``: not phased)."""
+        if replica_id not in self._schedules:
+            self._schedules[replica_id] = self.compressor.schedule(
+                self._first_global_replica + replica_id,
+                self._group_size,
+                self._devices[replica_id],
+            )
+        return self._schedules[replica_id]
+
     def clear_bound_compressors(self) -> None:
-        """Forgets every bound compressor (their state), e.g. after a compressor change."""
+        """Forgets every bound compressor and schedule (their state), e.g. after a change."""
         self._bound.clear()
+        self._schedules.clear()
 
     @property
     def bound_compressors(self) -> dict[tuple[str, int], Compressor]:
@@ -113,13 +127,19 @@ class CompressingCollectiveAllReduce(internal.CollectiveAllReduce):
             for i, r in zip(exact_idx, reduced, strict=True):
                 results[i] = r
             self._count_exact(exact_values)
-        if compress_idx:
-            compressed_values = [flat_values[i] for i in compress_idx]
+        sparse_idx = [i for i in compress_idx if internal.is_indexed_slices(flat_values[i])]
+        dense_idx = [i for i in compress_idx if i not in set(sparse_idx)]
+        for indices, compressed_sum in (
+            (dense_idx, self._compressed_sum),
+            (sparse_idx, self._compressed_sparse_sum),
+        ):
+            if not indices:
+                continue
             with tf.device(self._devices[replica_id]), tf.name_scope("tfcompress"):
-                reduced = self._compressed_sum(compressed_values, replica_id, options)
+                reduced = compressed_sum([flat_values[i] for i in indices], replica_id, options)
                 if reduce_op == internal.ReduceOp.MEAN:
-                    reduced = [r / tf.cast(self._group_size, r.dtype) for r in reduced]
-            for i, r in zip(compress_idx, reduced, strict=True):
+                    reduced = [_divide(r, self._group_size) for r in reduced]
+            for i, r in zip(indices, reduced, strict=True):
                 results[i] = r
         return tf.nest.pack_sequence_as(value, results)
 
@@ -133,31 +153,118 @@ class CompressingCollectiveAllReduce(internal.CollectiveAllReduce):
             self.bound_compressor(key, replica_id, v)
             for key, v in zip(_tensor_keys(values), values, strict=True)
         ]
-        # Like TensorFlow, launch in reverse order: the last layers' gradients are
-        # ready first in backprop, so their collectives can start earliest.
-        order = list(reversed(range(len(values))))
-        payloads: dict[int, Payload] = {i: bound[i].compress(values[i]) for i in order}
-
-        if self.compressor.summable:
-            summed = self._all_reduce_payloads([payloads[i] for i in order], replica_id, options)
-            decoded = {i: bound[i].decompress(p) for i, p in zip(order, summed, strict=True)}
+        schedule = self.schedule_of(replica_id)
+        if schedule is None:
+            decoded, amounts = self._sum_payloads(bound, values, replica_id, options)
         else:
-            gathered = self._all_gather_payloads([payloads[i] for i in order], replica_id, options)
-            decoded = {
-                i: bound[i].aggregate(worker_payloads)
-                for i, worker_payloads in zip(order, gathered, strict=True)
-            }
+            # Every replica reads the same phase, so all of them take the same
+            # branch and run the same collectives; nothing retraces on a change.
+            # The branches touch no state shared between local replicas (the
+            # counters are added after the switch): automatic control
+            # dependencies would otherwise serialise the replicas' switches,
+            # and the first one's collectives would wait forever for the second.
+            index = schedule.branch_index()
+            branches = [
+                functools.partial(
+                    self._sum_payloads, [b.branch(j) for b in bound], values, replica_id, options
+                )
+                for j in range(schedule.num_branches)
+            ]
+            decoded, amounts = tf.switch_case(index, branches, name="phase")
+            with tf.control_dependencies(decoded):
+                schedule.advance(index)
         self.counters.add(
             bytes_uncompressed=sum(_nbytes(v) for v in values),
             bytes_compressible=sum(_nbytes(v) for v in values),
             aggregations=len(values),
+            **amounts,
         )
-        return [decoded[i] for i in range(len(values))]
+        return decoded
+
+    def _compressed_sparse_sum(self, values: list, replica_id: int, options) -> list:
+        """Sum of ``tf.IndexedSlices`` (e.g. embedding gradients), never densified.
+
+        The compressor encodes each replica's rows (``compress_indexed_slices``);
+        the payloads go through the all-gather and every replica concatenates
+        the decoded rows of all workers (``aggregate_indexed_slices``), as
+        TensorFlow's own all-reduce of ``IndexedSlices`` does.
+        """
+        options = self._options.merge(options)
+        keys = _tensor_keys([_SparseKey(v) for v in values])
+        bound = [
+            self.bound_compressor(key, replica_id, v.values)
+            for key, v in zip(keys, values, strict=True)
+        ]
+        order = list(reversed(range(len(values))))
+        start = _timestamp_after([v.values for v in values])
+        payloads = {i: bound[i].compress_indexed_slices(values[i]) for i in order}
+        compressed = _timestamp_after([t for p in payloads.values() for t in p.tensors.values()])
+        gathered, sent = self._all_gather_payloads(
+            [payloads[i] for i in order], replica_id, options
+        )
+        received = _timestamp_after([t for ps in gathered for p in ps for t in p.tensors.values()])
+        decoded = {
+            i: bound[i].aggregate_indexed_slices(worker_payloads)
+            for i, worker_payloads in zip(order, gathered, strict=True)
+        }
+        result = [decoded[i] for i in range(len(values))]
+        done = _timestamp_after([r.values for r in result])
+        nbytes = sum(_nbytes(v.values) + _nbytes(v.indices) for v in values)
+        self.counters.add(
+            bytes_sent=sent,
+            bytes_uncompressed=nbytes,
+            bytes_compressible=nbytes,
+            aggregations=len(values),
+            compress_seconds=compressed - start,
+            decompress_seconds=done - received,
+        )
+        return result
+
+    def _sum_payloads(
+        self, bound: list[Compressor], values: list[tf.Tensor], replica_id: int, options
+    ) -> tuple[list[tf.Tensor], dict[str, tf.Tensor]]:
+        """compress -> collective -> decompress for one batch.
+
+        Returns the decoded sums and the amounts for the traffic counters
+        (bytes sent, measured compress and decompress seconds).
+        """
+        # Like TensorFlow, launch in reverse order: the last layers' gradients are
+        # ready first in backprop, so their collectives can start earliest.
+        order = list(reversed(range(len(values))))
+        start = _timestamp_after(values)
+        payloads: dict[int, Payload] = {i: bound[i].compress(values[i]) for i in order}
+        compressed = _timestamp_after([t for p in payloads.values() for t in p.tensors.values()])
+
+        if bound[0].summable:
+            summed, sent = self._all_reduce_payloads(
+                [payloads[i] for i in order], replica_id, options
+            )
+            received = _timestamp_after([t for p in summed for t in p.tensors.values()])
+            decoded = {i: bound[i].decompress(p) for i, p in zip(order, summed, strict=True)}
+        else:
+            gathered, sent = self._all_gather_payloads(
+                [payloads[i] for i in order], replica_id, options
+            )
+            received = _timestamp_after(
+                [t for ps in gathered for p in ps for t in p.tensors.values()]
+            )
+            decoded = {
+                i: bound[i].aggregate(worker_payloads)
+                for i, worker_payloads in zip(order, gathered, strict=True)
+            }
+        result = [decoded[i] for i in range(len(values))]
+        done = _timestamp_after(result)
+        amounts = {
+            "bytes_sent": sent,
+            "compress_seconds": compressed - start,
+            "decompress_seconds": done - received,
+        }
+        return result, amounts
 
     def _all_reduce_payloads(
         self, payloads: list[Payload], replica_id: int, options
-    ) -> list[Payload]:
-        """All-reduces (sums) every payload tensor, batched per dtype."""
+    ) -> tuple[list[Payload], tf.Tensor]:
+        """All-reduces (sums) every payload tensor, batched per dtype; also returns the bytes sent."""
         flat = [(k, p, name) for k, p in enumerate(payloads) for name in sorted(p.tensors)]
         by_dtype: dict[tf.DType, list[int]] = {}
         for pos, (_, p, name) in enumerate(flat):
@@ -165,21 +272,27 @@ class CompressingCollectiveAllReduce(internal.CollectiveAllReduce):
         reduced: list = [None] * len(flat)
         sent = tf.constant(0, tf.int64)
         for positions in by_dtype.values():
+            # Tensors whose size is only known at run time (identical on every
+            # worker, e.g. GradiVeQ's d coefficients) travel in packs of their own.
+            positions = sorted(
+                positions, key=lambda q: flat[q][1].tensors[flat[q][2]].shape.num_elements() is None
+            )
             tensors = [flat[pos][1].tensors[flat[pos][2]] for pos in positions]
             sent += sum(_nbytes(t) for t in tensors)
-            packs = internal.group_by_size(tensors, options.bytes_per_pack)
+            known = [t for t in tensors if t.shape.num_elements() is not None]
+            packs = internal.group_by_size(known, options.bytes_per_pack) if known else []
+            packs += [[t] for t in tensors[len(known) :]]
             outputs = internal.launcher_batch_all_reduce(self, replica_id, packs, options)
             for pos, out in zip(positions, outputs, strict=True):
                 reduced[pos] = out
-        self.counters.add(bytes_sent=sent)
         summed = [dict() for _ in payloads]
         for (k, _, name), out in zip(flat, reduced, strict=True):
             summed[k][name] = out
-        return [p.replace(t) for p, t in zip(payloads, summed, strict=True)]
+        return [p.replace(t) for p, t in zip(payloads, summed, strict=True)], sent
 
     def _all_gather_payloads(
         self, payloads: list[Payload], replica_id: int, options
-    ) -> list[list[Payload]]:
+    ) -> tuple[list[list[Payload]], tf.Tensor]:
         """Gathers every replica's payloads: two collectives for the whole batch.
 
         All payload tensors are serialised into one uint8 blob; a first
@@ -202,7 +315,7 @@ class CompressingCollectiveAllReduce(internal.CollectiveAllReduce):
         words = tf.bitcast(tf.reshape(padded, [-1, 4]), tf.int32)
         all_words = internal.launcher_all_gather(self, replica_id, words, options)
         all_blobs = tf.reshape(tf.bitcast(all_words, tf.uint8), [self._group_size, -1])
-        self.counters.add(bytes_sent=_nbytes(lengths) + _nbytes(words))
+        sent = _nbytes(lengths) + _nbytes(words)
 
         gathered: list[list[Payload]] = [[] for _ in payloads]
         for worker in range(self._group_size):
@@ -213,7 +326,7 @@ class CompressingCollectiveAllReduce(internal.CollectiveAllReduce):
                 worker_tensors[k][name] = _from_bytes(raw, local)
             for k, p in enumerate(payloads):
                 gathered[k].append(p.replace(worker_tensors[k]))
-        return gathered
+        return gathered, sent
 
     def _count_exact(self, values: list) -> None:
         dense = [v for v in values if not internal.is_indexed_slices(v)]
@@ -246,10 +359,37 @@ def _tensor_keys(values: list[tf.Tensor]) -> list[str]:
     seen: dict[str, int] = {}
     keys = []
     for v in values:
-        base = f"{v.dtype.name}{v.shape.as_list()}".replace(" ", "")
+        base = getattr(v, "prefix", "") + f"{v.dtype.name}{v.shape.as_list()}".replace(" ", "")
         keys.append(f"{base}#{seen.get(base, 0)}")
         seen[base] = seen.get(base, 0) + 1
     return keys
+
+
+class _SparseKey:
+    """Names an ``IndexedSlices`` value by dtype and dense shape for :func:`_tensor_keys`."""
+
+    def __init__(self, slices):
+        self.dtype = slices.values.dtype
+        dense = tf.get_static_value(slices.dense_shape)
+        self.shape = tf.TensorShape(
+            [int(d) for d in dense] if dense is not None else slices.values.shape
+        )
+        self.prefix = "slices:"
+
+
+def _divide(value, n: int):
+    """``value / n`` for tensors and ``IndexedSlices`` (the MEAN of a sum)."""
+    if internal.is_indexed_slices(value):
+        return tf.IndexedSlices(
+            value.values / tf.cast(n, value.values.dtype), value.indices, value.dense_shape
+        )
+    return value / tf.cast(n, value.dtype)
+
+
+def _timestamp_after(tensors: list[tf.Tensor]) -> tf.Tensor:
+    """Wall-clock seconds (float64) once every tensor of ``tensors`` is computed."""
+    with tf.control_dependencies(tensors):
+        return tf.timestamp()
 
 
 def _nbytes(t) -> tf.Tensor:

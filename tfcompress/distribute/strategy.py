@@ -17,6 +17,7 @@ from tfcompress.keras import _keras3_multiworker
 __all__ = [
     "MirroredStrategy",
     "MultiWorkerMirroredStrategy",
+    "compression_metrics",
     "compression_of",
     "is_compressed_strategy",
     "reset_traffic_stats",
@@ -188,20 +189,44 @@ def compression_of(strategy) -> Compressor | None:
     return strategy._tfcompress_compression  # pylint: disable=protected-access
 
 
-def _counters(strategy):
+def _cross_device_ops(strategy) -> CompressingCollectiveAllReduce:
     if not is_compressed_strategy(strategy):
         raise ValueError("not a tfcompress strategy (use tfcompress.distribute.*Strategy)")
-    return strategy.extended._cross_device_ops.counters  # pylint: disable=protected-access
+    return strategy.extended._cross_device_ops  # pylint: disable=protected-access
 
 
-def traffic_stats(strategy) -> dict[str, int]:
+def _counters(strategy):
+    return _cross_device_ops(strategy).counters
+
+
+def traffic_stats(strategy) -> dict[str, int | float]:
     """Cumulative traffic of this worker's aggregations (see ``TrafficCounters``).
 
     Returns:
       ``bytes_sent``, ``bytes_uncompressed``, ``bytes_compressible`` and
-      ``aggregations``, summed over this worker's local replicas.
+      ``aggregations`` (ints), and the measured ``compress_seconds`` and
+      ``decompress_seconds`` (floats), summed over this worker's local replicas.
     """
     return _counters(strategy).read()
+
+
+def compression_metrics(strategy) -> dict[str, float]:
+    """Quality figures of this worker's bound compressors, each averaged over tensors.
+
+    Every bound compressor (one per compressed tensor and local replica)
+    reports scalars through :meth:`Compressor.metrics`, e.g. ``residual_norm``
+    (ErrorFeedback), ``shift_norm`` (DIANA); each name is averaged over the
+    tensors that report it. Read eagerly, between steps.
+
+    Returns:
+      name -> float; empty before the first step or for stateless compressors.
+    """
+    ops = _cross_device_ops(strategy)
+    totals: dict[str, list[float]] = {}
+    for bound in ops.bound_compressors.values():
+        for name, value in bound.metrics().items():
+            totals.setdefault(name, []).append(float(value))
+    return {name: sum(values) / len(values) for name, values in totals.items()}
 
 
 def reset_traffic_stats(strategy) -> None:
