@@ -80,6 +80,30 @@ def test_figures_gathered_payloads_are_received_from_every_other_replica(num_rep
     assert got["compression_ratio"] == pytest.approx(4.2)
 
 
+def test_figures_use_a_gathered_bytes_counter_when_there_is_one():
+    # e.g. a phased compressor that gathered 300 of the 1000 bytes: the counter
+    # wins over the estimate from the (current) compressor's summable flag
+    measured = {**delta(1000, 4000, 3800), "bytes_gathered": 300}
+    for summable in (True, False):
+        got = callbacks._figures(measured, steps=1, num_replicas=4, summable=summable)
+        assert got["bytes_received_per_step"] == 700 + 3 * 300
+
+
+def test_window_reads_the_gathered_counter_when_present():
+    counters = FakeCounters()
+    counters.values["bytes_gathered"] = 0
+
+    def read():
+        counters.values["bytes_gathered"] += 40
+        return dict(counters.values)
+
+    window = callbacks._TrafficWindow(read, dict, num_replicas=3, summable=lambda: True)
+    window.start_epoch()
+    counters.step(sent=100)
+    window.end_batch(0)
+    assert window.batch_figures()["bytes_received_per_step"] == 100 + 40
+
+
 def test_figures_without_traffic_or_steps():
     got = callbacks._figures(delta(0, 0, 0), steps=3, num_replicas=2, summable=True)
     assert math.isnan(got["compression_ratio"]) and math.isnan(got["compressed_fraction"])

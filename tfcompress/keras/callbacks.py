@@ -36,6 +36,8 @@ _COUNTERS = (
     "compress_seconds",
     "decompress_seconds",
 )
+#: Bytes sent through the all-gather path, when the counters have it.
+_GATHERED = "bytes_gathered"
 
 
 class CompressionMonitor(keras.callbacks.Callback):
@@ -53,17 +55,22 @@ class CompressionMonitor(keras.callbacks.Callback):
       worker's replicas, per step. An all-reduce delivers a result as large as
       what a replica sent, so all-reduced payloads and exact tensors count once;
       an all-gather delivers to each replica the other ``N - 1`` replicas'
-      blobs, all padded to the same length as its own, so gathered payloads
-      count ``N - 1`` times (``N``: replicas in sync)::
+      blobs, all padded to the same length as its own, so gathered bytes count
+      ``N - 1`` times (``N``: replicas in sync)::
 
-          exact    = delta(bytes_uncompressed) - delta(bytes_compressible)
-          gathered = delta(bytes_sent) - exact      (0 when the compressor is summable)
           received = delta(bytes_sent) + (N - 2) * gathered     per step
 
-      (``received = exact + (N - 1) * gathered``.) This counts what the
-      collective's *interface* delivers, not the bytes on the wire of its
-      implementation (a ring all-reduce moves ``2 (N-1)/N`` of the tensor each
-      way); exact ``IndexedSlices`` are counted as if all-reduced.
+      (that is ``all-reduced + (N - 1) * gathered``), where ``gathered`` is
+      ``delta(bytes_gathered)`` when the strategy's counters include a
+      ``bytes_gathered`` counter (bytes sent through the all-gather path), and
+      otherwise is estimated from the current compressor: 0 when it is
+      summable, else every compressed byte, ``delta(bytes_sent) -
+      (delta(bytes_uncompressed) - delta(bytes_compressible))``. The estimate
+      is wrong for phased compressors whose phases differ in summability and
+      for ``IndexedSlices`` gathered for a summable compressor; exact
+      ``IndexedSlices`` count as if all-reduced. This is what the collective's
+      *interface* delivers, not the bytes on the wire of its implementation (a
+      ring all-reduce moves ``2 (N-1)/N`` of the tensor each way).
     * ``compression_ratio``: ``delta(bytes_uncompressed) / delta(bytes_sent)``.
     * ``compressed_fraction``: ``delta(bytes_compressible) /
       delta(bytes_uncompressed)``, the part of the gradient bytes that the
@@ -264,7 +271,8 @@ class _TrafficWindow:
 
     def _read(self) -> dict[str, float]:
         counters = self._read_counters()
-        return {name: float(counters.get(name, 0.0)) for name in _COUNTERS}
+        names = (*_COUNTERS, _GATHERED) if _GATHERED in counters else _COUNTERS
+        return {name: float(counters.get(name, 0.0)) for name in names}
 
     def start_epoch(self) -> None:
         """Opens both windows at the current counters."""
@@ -311,7 +319,7 @@ class _TrafficWindow:
         return figures
 
     def _figures_between(self, start, end, steps: int) -> dict[str, float]:
-        delta = {name: end[name] - start[name] for name in _COUNTERS}
+        delta = {name: end[name] - start[name] for name in end if name in start}
         figures = _figures(delta, steps, self._num_replicas, self._summable())
         figures.update({name: float(v) for name, v in self._read_quality().items()})
         return figures
@@ -320,14 +328,22 @@ class _TrafficWindow:
 def _figures(
     delta: Mapping[str, float], steps: int, num_replicas: int, summable: bool
 ) -> dict[str, float]:
-    """Per-step figures from counter differences over ``steps`` steps (see CompressionMonitor)."""
+    """Per-step figures from counter differences over ``steps`` steps (see CompressionMonitor).
+
+    ``delta`` holds the differences of ``_COUNTERS`` and, when the counters
+    have it, of ``bytes_gathered``; without it the gathered bytes are estimated
+    from ``summable``.
+    """
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
     sent = delta["bytes_sent"]
     uncompressed = delta["bytes_uncompressed"]
     compressible = delta["bytes_compressible"]
-    exact = uncompressed - compressible
-    gathered = 0.0 if summable else max(sent - exact, 0.0)
+    if _GATHERED in delta:
+        gathered = delta[_GATHERED]
+    else:
+        exact = uncompressed - compressible
+        gathered = 0.0 if summable else max(sent - exact, 0.0)
     received = sent + (num_replicas - 2) * gathered
     return {
         "bytes_sent_per_step": sent / steps,
