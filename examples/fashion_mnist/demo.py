@@ -54,6 +54,22 @@ DEMO_SETTINGS: dict[str, list[tuple[str, list[str]]]] = {
         )
     ],
     "randomk": [("randomk 25%", ["--compression", "randomk", "--option", "ratio=0.25"])],
+    # ~188 steps by default: warm-up 40, then blocks of 30 sampling + 60 compressed
+    "gradiveq": [
+        (
+            "gradiveq",
+            [
+                "--compression",
+                "gradiveq",
+                "--option",
+                "warmup_steps=40",
+                "--option",
+                "sampling_steps=30",
+                "--option",
+                "compressed_steps=60",
+            ],
+        )
+    ],
 }
 
 

@@ -260,7 +260,7 @@ def test_degenerate_samples_keep_the_layer_exact(bad, capfd):
 def test_different_bases_across_workers_are_caught():
     workers, _ = fitted_workers((3, 3, 8, 8), num_workers=2)
     workers.layers[1].fingerprint.assign(workers.layers[1].fingerprint + 1)
-    with pytest.raises(tf.errors.InvalidArgumentError, match="'t#0' differs across workers"):
+    with pytest.raises(tf.errors.InvalidArgumentError, match="tensor t#0 differs across workers"):
         workers.step([np.ones((3, 3, 8, 8), np.float32)] * 2)
 
 

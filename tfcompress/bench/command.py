@@ -1,6 +1,7 @@
 """Benchmarks that print a table and can draw plots.
 
 tfcompress bench ops [--sizes 1000000 25000000] [--repeats 7] [--out DIR] [--plot]
+tfcompress bench gradiveq [--train-steps 30] [--sampling-steps 40] [--out DIR] [--plot]
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     ops.add_argument("--plot", action="store_true", help="also draw ops.png (matplotlib)")
     _configure_aggregate(benchmarks)
     _configure_train(benchmarks)
+    _configure_gradiveq(benchmarks)
 
 
 def _configure_aggregate(benchmarks) -> None:
@@ -68,6 +70,26 @@ def _configure_train(benchmarks) -> None:
     train.add_argument("--plot", action="store_true")
 
 
+def _configure_gradiveq(benchmarks) -> None:
+    gradiveq = benchmarks.add_parser(
+        "gradiveq",
+        help="GradiVeQ on real ResNet-20 gradients: ratio per layer, cost, overlap",
+        description="Compression ratio per layer and overall, compress/decompress time and "
+        "pack overlap of GradiVeQ on a ResNet-20-style CNN trained on Fashion-MNIST.",
+    )
+    gradiveq.add_argument("--train-steps", type=int, default=30, help="exact warm-up steps")
+    gradiveq.add_argument("--sampling-steps", type=int, default=40, help="L_t")
+    gradiveq.add_argument("--compressed-steps", type=int, default=10, help="L_c measured")
+    gradiveq.add_argument("--energy-loss", type=float, default=0.01, help="lambda")
+    gradiveq.add_argument("--slice-length", type=int, default=None, help="K (default: the rule)")
+    gradiveq.add_argument("--batch-size", type=int, default=128)
+    gradiveq.add_argument("--learning-rate", type=float, default=0.05)
+    gradiveq.add_argument("--packs", type=int, default=4, help="packs compared with 1 pack")
+    gradiveq.add_argument("--repeats", type=int, default=10, help="timed repetitions (median)")
+    gradiveq.add_argument("--out", default=None, help="folder for gradiveq.md/.json/.png")
+    gradiveq.add_argument("--plot", action="store_true", help="also draw gradiveq.png")
+
+
 def run_from_args(args: argparse.Namespace) -> int:
     """Runs the chosen benchmark."""
     if args.benchmark == "ops":
@@ -82,4 +104,8 @@ def run_from_args(args: argparse.Namespace) -> int:
         from tfcompress.bench import train  # noqa: PLC0415
 
         return train.main(args)
+    if args.benchmark == "gradiveq":
+        from tfcompress.bench import gradiveq  # noqa: PLC0415
+
+        return gradiveq.main(args)
     raise ValueError(f"unknown benchmark {args.benchmark!r}")

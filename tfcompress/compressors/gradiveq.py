@@ -204,9 +204,10 @@ class GradiVeQSchedule(Schedule):
         """Position (int64) within the current block."""
         return self._position.read_value()
 
-    def request_refresh(self) -> tf.Operation:
-        """Asks for a new sampling block after this (compressed) aggregation."""
-        return self._refresh.assign(1)
+    def request_refresh(self, condition: tf.Tensor) -> tf.Operation:
+        """Asks for a new sampling block after this aggregation when ``condition`` holds."""
+        flag = tf.cast(condition, tf.int64)
+        return self._refresh.assign(tf.maximum(self._refresh.read_value(), flag))
 
     def advance(self, branch_index: tf.Tensor) -> None:
         del branch_index
@@ -720,7 +721,13 @@ class _SamplingBranch(Compressor):
 
 
 class _CompressedBranch(Compressor):
-    """The last branch: ``U_d^T (g_n - mu/N)`` per pack of slices, summed by all-reduce."""
+    """The last branch: ``U_d^T (g_n - mu/N)`` per pack of slices, summed by all-reduce.
+
+    No ``tf.cond``: a degenerate tensor has ``d = 0``, ``U = 0`` and
+    ``mu = 0``, and its pack tensors append the ``K`` raw rows, so one
+    formula serves both cases (conds inside a multi-device function cost a
+    function call each).
+    """
 
     summable = True
     name = "gradiveq"
@@ -729,44 +736,32 @@ class _CompressedBranch(Compressor):
         self.layer = layer
         self.supported_dtypes = layer.supported_dtypes
 
-    def _basis(self) -> tf.Tensor:
-        return self.layer.basis[:, : self.layer.components.read_value()]
-
     def compress(self, x: tf.Tensor) -> Payload:
         layer = self.layer
         x = self._check_input(x)
         slices = layer.slices(x)
-        replicas = layer.context.num_replicas
-        valid = layer.valid.read_value() > 0
-        basis = self._basis()
-        shift = layer.mean.read_value() / tf.constant(replicas, layer.compute_dtype)
+        k = layer.geometry[0]
+        d = layer.components.read_value()
+        invalid = 1 - layer.valid.read_value()
+        basis = layer.basis[:, :d]
+        shift = layer.mean.read_value() / tf.constant(
+            layer.context.num_replicas, layer.compute_dtype
+        )
         tensors = {}
         error = tf.constant(0.0, tf.float64)
         for p, (a, b) in enumerate(layer.pack_bounds):
             part = slices[a:b]
-
-            def project(part=part):
-                return tf.matmul(basis, part - shift, transpose_a=True, transpose_b=True)
-
-            def raw(part=part):
-                return tf.transpose(part)
-
-            coefficients = tf.cond(valid, project, raw)
-            tensors[f"coefficients_{p}"] = coefficients
+            coefficients = tf.matmul(basis, part - shift, transpose_a=True, transpose_b=True)
+            raw = tf.transpose(part)[: k * invalid]  # [K, S_p] for a degenerate tensor, else empty
+            tensors[f"coefficients_{p}"] = tf.concat([coefficients, raw], axis=0)
             if layer.config.refresh_threshold is not None:
-                residual = tf.cond(
-                    valid,
-                    lambda part=part, c=coefficients: (
-                        part - tf.transpose(tf.matmul(basis, c)) - shift
-                    ),
-                    lambda part=part: tf.zeros_like(part),
-                )
+                residual = part - tf.transpose(tf.matmul(basis, coefficients)) - shift
                 error += tf.reduce_sum(tf.square(tf.cast(residual, tf.float64)))
         check = [layer.fingerprint.read_value()]
         if layer.config.refresh_threshold is not None:
             norm = tf.reduce_sum(tf.square(tf.cast(slices, tf.float64)))
             relative = tf.math.divide_no_nan(tf.sqrt(error), tf.sqrt(norm))
-            check.append(tf.cast(relative, tf.float32))
+            check.append(tf.cast(relative, tf.float32) * tf.cast(1 - invalid, tf.float32))
         tensors["check"] = tf.stack(check)
         return Payload(tensors=tensors, **self._metadata(x))
 
@@ -775,36 +770,32 @@ class _CompressedBranch(Compressor):
         replicas = layer.context.num_replicas
         check = payload.tensors["check"]
         expected = layer.fingerprint.read_value() * replicas
-        same = tf.debugging.assert_equal(
-            check[0],
-            expected,
-            message=(
-                f"GradiVeQ: the basis (U, mu, d) of tensor {layer.context.key!r} differs "
-                "across workers (sum of fingerprints != N x local fingerprint); the workers "
-                "fitted different bases and their coefficients cannot be summed"
-            ),
+        same = tf.raw_ops.Assert(
+            condition=tf.equal(check[0], expected),
+            data=[
+                tf.constant(
+                    f"GradiVeQ: the basis (U, mu, d) of tensor {layer.context.key} differs "
+                    "across workers (sum of fingerprints != N x local fingerprint); the workers "
+                    "fitted different bases and their coefficients cannot be summed"
+                )
+            ],
         )
-        valid = layer.valid.read_value() > 0
-        basis = self._basis()
+        k = layer.geometry[0]
+        d = layer.components.read_value()
+        basis = layer.basis[:, :d]
         mean = layer.mean.read_value()
         parts = []
         for p in range(len(layer.pack_bounds)):
             summed = payload.tensors[f"coefficients_{p}"]
-
-            def expand(summed=summed):
-                return tf.matmul(basis, summed) + mean[:, None]
-
-            parts.append(tf.cond(valid, expand, lambda summed=summed: tf.identity(summed)))
+            raw = summed[d:]
+            raw = tf.pad(raw, [[0, k - tf.shape(raw)[0]], [0, 0]])
+            parts.append(tf.matmul(basis, summed[:d]) + mean[:, None] + raw)
         slices = tf.transpose(tf.concat(parts, axis=1) if len(parts) > 1 else parts[0])
-        dependencies = [same] if same is not None else []
+        dependencies = _ops(same) if same is not None else []
         if layer.config.refresh_threshold is not None:
             mean_error = check[1] / replicas
-            refresh = tf.cond(
-                valid & (mean_error > layer.config.refresh_threshold),
-                lambda: _as_flag(layer.schedule_.request_refresh()),
-                lambda: tf.constant(0, tf.int32),
-            )
-            dependencies.append(refresh)
+            refresh = layer.schedule_.request_refresh(mean_error > layer.config.refresh_threshold)
+            dependencies += _ops(refresh)
         with tf.control_dependencies(dependencies):
             return tf.identity(layer.unslice(slices, payload))
 
@@ -813,9 +804,4 @@ def _ops(*results) -> list:
     """Control inputs for the results of variable updates (nothing when eager)."""
     if tf.executing_eagerly():
         return []
-    return [r.op if isinstance(r, tf.Variable) or hasattr(r, "_parent_op") else r for r in results]
-
-
-def _as_flag(operation) -> tf.Tensor:
-    with tf.control_dependencies(_ops(operation)):
-        return tf.constant(1, tf.int32)
+    return [r.op if isinstance(r, tf.Variable) else r for r in results]
