@@ -1,0 +1,281 @@
+"""DeepReduce: conformance, exactness against TopK, IndexedSlices, bad payloads, strategy."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfcompress
+from tests.compressors.conformance import CompressorConformance, random_tensor
+from tfcompress.codecs import container
+from tfcompress.compressors import DeepReduce, ErrorFeedback, RandomK, Threshold, TopK
+
+INDEX_CODECS = ["raw", "bitmap", "runlength", "varint", "bloom"]
+LOSSLESS_VALUES = ["raw", "deflate"]
+
+
+class TestDefaultConformance(CompressorConformance):
+    """The paper's default: top-1%, Bloom P0 indices, raw values."""
+
+    def make(self):
+        return DeepReduce(TopK(ratio=0.01), index_codec="bloom", value_codec="raw", seed=3)
+
+    def test_summable_claim(self):
+        """Not summable: the all-gather path sums the decoded payloads."""
+        c = self.make()
+        assert not c.summable
+        xs = [random_tensor((64,), tf.float32, seed=s) for s in range(3)]
+        got = c.aggregate([c.compress(x) for x in xs])
+        want = tf.add_n([c.decompress(c.compress(x)) for x in xs])
+        np.testing.assert_array_equal(got.numpy(), want.numpy())
+
+
+class TestExactConformance(CompressorConformance):
+    """Everything kept and lossless codecs: the round trip is exact (float64 via float32)."""
+
+    round_trip_rtol = {"float16": 0.0, "bfloat16": 0.0, "float32": 0.0, "float64": 1e-7}
+
+    def make(self):
+        return DeepReduce(TopK(ratio=1.0), index_codec="varint", value_codec="deflate")
+
+
+@pytest.mark.parametrize("index_codec", INDEX_CODECS)
+@pytest.mark.parametrize("value_codec", LOSSLESS_VALUES)
+@pytest.mark.parametrize("ratio", [0.01, 0.1])
+def test_lossless_codecs_reproduce_topk_exactly(index_codec, value_codec, ratio):
+    x = random_tensor((40, 50), tf.float32, seed=7)
+    topk = TopK(ratio=ratio)
+    want = topk.decompress(topk.compress(x)).numpy()
+    c = DeepReduce(TopK(ratio=ratio), index_codec=index_codec, value_codec=value_codec)
+    got = c.decompress(c.compress(x)).numpy()
+    if index_codec == "bloom":  # P0: the top-r positions plus false positives, real values
+        kept = got != 0
+        assert np.all(kept[want != 0])
+        np.testing.assert_array_equal(got[kept], x.numpy()[kept])
+        assert kept.sum() <= 1.5 * (want != 0).sum() + 2
+    else:
+        np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("value_codec", ["fp16", "qsgd", "polyfit", "dexpfit"])
+def test_lossy_value_codecs_keep_the_positions(value_codec):
+    x = random_tensor((3000,), tf.float32, seed=1)
+    c = DeepReduce(TopK(ratio=0.05), index_codec="varint", value_codec=value_codec, seed=1)
+    topk = TopK(ratio=0.05)
+    want = topk.decompress(topk.compress(x))
+    got = c.decompress(c.compress(x))
+    assert set(np.flatnonzero(got.numpy())) <= set(np.flatnonzero(want.numpy()))
+    bound = {"fp16": 1e-3, "qsgd": 0.25, "polyfit": 0.05, "dexpfit": 0.25}[value_codec]
+    assert float(tf.norm(got - want) / tf.norm(want)) < bound
+
+
+def test_threshold_and_randomk_sparsifiers():
+    x = random_tensor((2000,), tf.float32, seed=2)
+    c = DeepReduce(Threshold(2.0), index_codec="varint")
+    want = Threshold(2.0).decompress(Threshold(2.0).compress(x))
+    np.testing.assert_array_equal(c.decompress(c.compress(x)).numpy(), want.numpy())
+    r = DeepReduce(RandomK(ratio=0.1, seed=4), index_codec="bitmap")
+    y = r.decompress(r.compress(x)).numpy()
+    kept = y != 0
+    assert kept.sum() == 200
+    np.testing.assert_allclose(y[kept], 10.0 * x.numpy()[kept], rtol=1e-6)  # d / k rescaling
+
+
+def test_payload_is_one_self_describing_byte_tensor():
+    x = random_tensor((1000, 100), tf.float32)
+    c = DeepReduce(TopK(ratio=0.01), index_codec="bloom", value_codec="qsgd", seed=1)
+    payload = c.compress(x)
+    assert list(payload.tensors) == ["bytes"]
+    data = payload.tensors["bytes"].numpy()
+    assert bytes(data[:4]) == b"TFDR" and data[5] == c.index_codec.codec_id
+    assert data[6] == c.value_codec.codec_id
+    # Bloom P0 (eps = 0.1 r / d = 1e-3) + 4-bit QSGD values, header included: about a
+    # third of the 8 bytes per entry of top-r alone.
+    assert len(data) < 0.35 * 8 * 1000
+
+
+def test_error_feedback_wrapping_in_tf_function():
+    x = random_tensor((64, 64), tf.float32, seed=5)
+    ef = ErrorFeedback(DeepReduce(TopK(ratio=0.01), index_codec="bloom", value_codec="qsgd"))
+    step = tf.function(lambda t: ef.decompress(ef.compress(t)))
+    total = sum(step(x).numpy() for _ in range(30))
+    assert len(ef.variables) == 2  # the residual memory and DeepReduce's step counter
+    memory, counter = ef.variables
+    assert int(counter) == 30
+    # Error feedback loses nothing: what was delivered plus what is remembered is 30 x.
+    np.testing.assert_allclose(total + memory.numpy(), 30 * x.numpy(), rtol=1e-4, atol=1e-4)
+    # The residual moves the selection: far more positions than one step's 41 (+ FPs).
+    assert np.count_nonzero(total) > 10 * 41
+
+
+def test_step_counter_advances_and_seeds_qsgd_per_step():
+    c = DeepReduce(TopK(ratio=0.1), index_codec="varint", value_codec="qsgd", seed=9)
+    x = random_tensor((1000,), tf.float32)
+    first, second = c.compress(x), c.compress(x)
+    assert int(c.variables[0]) == 2
+    assert not np.array_equal(first.tensors["bytes"].numpy(), second.tensors["bytes"].numpy())
+    again = DeepReduce(TopK(ratio=0.1), index_codec="varint", value_codec="qsgd", seed=9)
+    np.testing.assert_array_equal(
+        again.compress(x).tensors["bytes"].numpy(), first.tensors["bytes"].numpy()
+    )
+
+
+@pytest.mark.parametrize("policy", ["leftmost", "random"])
+def test_bloom_policies_decode_the_positions_the_sender_used(policy):
+    x = random_tensor((5000,), tf.float32, seed=11)
+    c = DeepReduce(TopK(ratio=0.02), index_codec="bloom", policy=policy, fpr=0.05, seed=2)
+    payload = c.compress(x)
+    y = c.decompress(payload).numpy()
+    kept = y != 0
+    assert kept.sum() == 100  # exactly r positions
+    np.testing.assert_array_equal(y[kept], x.numpy()[kept])  # real values at those positions
+
+
+# --- IndexedSlices ----------------------------------------------------------------------------
+
+
+def _slices(dtype=tf.float32, rows=50, width=4, seed=0):
+    rng = np.random.default_rng(seed)
+    indices = rng.integers(0, rows, 30)  # with duplicates
+    values = rng.normal(size=(30, width))
+    return tf.IndexedSlices(
+        tf.constant(values, dtype), tf.constant(indices, tf.int64), tf.constant([rows, width])
+    )
+
+
+@pytest.mark.parametrize("index_codec", INDEX_CODECS)
+def test_indexed_slices_round_trip_without_densifying(index_codec):
+    slices = _slices()
+    c = DeepReduce(index_codec=index_codec, value_codec="raw")
+    payload = c.compress_indexed_slices(slices)
+    assert payload.shape == (50, 4)
+    data = payload.tensors["bytes"].numpy()
+    assert data[8] == container.FLAG_INDEXED_SLICES
+    merged = c.aggregate_indexed_slices([payload])
+    assert isinstance(merged, tf.IndexedSlices)
+    np.testing.assert_allclose(
+        tf.convert_to_tensor(merged).numpy(), tf.convert_to_tensor(slices).numpy(), atol=1e-6
+    )
+    rows = merged.indices.numpy()
+    assert np.all(np.diff(rows) > 0)  # one row each, ascending
+    assert len(rows) >= len(np.unique(slices.indices.numpy()))
+
+
+def test_indexed_slices_aggregate_sums_workers_in_tf_function():
+    a, b = _slices(seed=1), _slices(seed=2)
+    c = DeepReduce(index_codec="bloom", value_codec="raw")
+
+    @tf.function
+    def run(va, ia, vb, ib):
+        shape = tf.constant([50, 4], tf.int64)
+        payloads = [
+            c.compress_indexed_slices(tf.IndexedSlices(va, ia, shape)),
+            c.compress_indexed_slices(tf.IndexedSlices(vb, ib, shape)),
+        ]
+        return tf.convert_to_tensor(c.aggregate_indexed_slices(payloads))
+
+    got = run(a.values, a.indices, b.values, b.indices)
+    want = tf.convert_to_tensor(a) + tf.convert_to_tensor(b)
+    np.testing.assert_allclose(got.numpy(), want.numpy(), atol=1e-5)
+
+
+def test_indexed_slices_float16_and_qsgd_values():
+    slices = _slices(dtype=tf.float16)
+    c = DeepReduce(index_codec="varint", value_codec="qsgd", seed=1)
+    merged = c.aggregate_indexed_slices([c.compress_indexed_slices(slices)])
+    assert merged.values.dtype == tf.float16
+    dense, want = tf.convert_to_tensor(merged), tf.convert_to_tensor(slices)
+    assert float(tf.norm(tf.cast(dense - want, tf.float32))) < 0.3 * float(
+        tf.norm(tf.cast(want, tf.float32))
+    )
+
+
+# --- bad payloads and options ------------------------------------------------------------------
+
+
+def test_corrupted_payloads_raise_invalid_argument():
+    x = random_tensor((100, 30), tf.float32, seed=3)
+    c = DeepReduce(TopK(ratio=0.05), index_codec="varint", value_codec="raw")
+    payload = c.compress(x)
+    good = payload.tensors["bytes"].numpy()
+    decode = tf.function(lambda b: c.decompress(payload.replace({"bytes": b})))
+    bad = {f"truncated to {n}": good[:n] for n in (0, 10, 59, 60, len(good) - 1)}
+    for offset in list(range(36)) + list(range(44, 60)):  # every header byte but the step's
+        flipped = good.copy()
+        flipped[offset] ^= 0x10
+        bad[f"header byte {offset}"] = flipped
+    count_too_large = good.copy()
+    count_too_large[20:28] = np.frombuffer(np.int64(3001).tobytes(), np.uint8)
+    bad["count too large"] = count_too_large
+    for what, data in bad.items():
+        for run in (lambda d: c.decompress(payload.replace({"bytes": tf.constant(d)})), decode):
+            with pytest.raises(tf.errors.InvalidArgumentError):
+                run(tf.constant(data, tf.uint8)).numpy()
+                pytest.fail(f"no error for {what}")
+
+
+def test_payload_of_another_configuration_is_rejected():
+    x = random_tensor((1000,), tf.float32)
+    sender = DeepReduce(TopK(ratio=0.05), index_codec="varint", value_codec="fp16")
+    receiver = DeepReduce(TopK(ratio=0.05), index_codec="varint", value_codec="raw")
+    with pytest.raises(tf.errors.InvalidArgumentError, match="value codec id 2.*raw"):
+        receiver.decompress(sender.compress(x))
+
+
+def test_option_errors_list_valid_names():
+    with pytest.raises(ValueError, match="valid.*raw.*bitmap.*runlength.*varint.*bloom"):
+        DeepReduce(index_codec="huffman")
+    with pytest.raises(ValueError, match="valid names.*dexpfit"):
+        DeepReduce(value_codec="zstd")
+    with pytest.raises(ValueError):
+        DeepReduce(index_codec="bloom", fpr=1.5)
+    with pytest.raises(ValueError):
+        DeepReduce(index_codec="bloom", fpr=0.0)
+    with pytest.raises(ValueError, match="Bloom"):
+        DeepReduce(index_codec="varint", fpr=1e-3)
+    with pytest.raises(ValueError, match="TopK, Threshold and RandomK"):
+        DeepReduce(sparsifier=tfcompress.compressors.QSGD())
+
+
+def test_registry_and_config():
+    c = tfcompress.compressors.get("deepreduce", value_codec="qsgd", fpr=1e-3)
+    assert isinstance(c, DeepReduce)
+    assert c.get_config()["index_options"] == {"false_positive_rate": 1e-3}
+    assert "deepreduce" in tfcompress.compressors.available()
+
+
+# --- through the strategy ----------------------------------------------------------------------
+
+
+def test_mirrored_aggregation_is_the_sum_of_decoded_payloads():
+    """2 replicas: the strategy's sum equals the sum of each replica's decoded payload.
+
+    Index codec "varint" (a C++ kernel): with two replicas in one function,
+    TensorFlow's automatic control dependencies chain every stateful op without
+    a resource input (tf.debugging.Assert) in program order across replicas, so
+    run-time checks in one replica's *compress* would wait for the other
+    replica's decode: a deadlock. The pure-TF "raw" and "bloom" encoders carry
+    such checks (reported to the strategy's owner; one replica per worker, as in
+    MultiWorkerMirroredStrategy, is unaffected).
+    """
+    compressor = DeepReduce(TopK(ratio=0.02), index_codec="varint", value_codec="raw")
+    strategy = tfcompress.distribute.MirroredStrategy(
+        ["/cpu:0", "/cpu:1"], compression=compressor, policy=1024
+    )
+    inputs = [random_tensor((64, 40), tf.float32, seed=s) for s in (21, 22)]
+
+    @tf.function
+    def step():
+        def replica_fn():
+            rid = tf.distribute.get_replica_context().replica_id_in_sync_group
+            x = tf.where(tf.equal(rid, 0), inputs[0], inputs[1])
+            return tf.distribute.get_replica_context().all_reduce("sum", x)
+
+        return strategy.run(replica_fn)
+
+    result = strategy.experimental_local_results(step())
+    reference = DeepReduce(TopK(ratio=0.02), index_codec="varint", value_codec="raw")
+    want = sum(reference.decompress(reference.compress(x)).numpy() for x in inputs)
+    for got in result:
+        np.testing.assert_array_equal(got.numpy(), want)
+    stats = tfcompress.distribute.traffic_stats(strategy)
+    assert 0 < stats["bytes_sent"] < 0.3 * stats["bytes_uncompressed"]
