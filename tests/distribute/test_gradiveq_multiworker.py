@@ -107,6 +107,10 @@ def test_keras_fit_in_process_switches_and_trains():
     assert all(int(layer.refreshes) == 2 for layer in layers)  # blocks end at steps 4 and 10
     for a, b in zip(layers[::2], layers[1::2], strict=True):
         np.testing.assert_array_equal(a.basis.numpy(), b.basis.numpy())
+    metrics = tfcompress.distribute.compression_metrics(strategy)
+    assert metrics["gradiveq_refreshes"] == 2
+    assert 0.99 <= metrics["gradiveq_kept_energy"] <= 1.0
+    assert 1 <= metrics["gradiveq_components"] <= 3 * 3  # d_cap = L_t * S = 3 * 3 (conv 2)
     assert np.isfinite(history.history["loss"]).all()
     assert history.history["loss"][-1] < history.history["loss"][0]
 
