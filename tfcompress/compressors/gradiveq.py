@@ -66,6 +66,13 @@ bound one directly) GradiVeQ behaves as its exact branch.
 Each packed coefficient tensor has a run-time size, so the cross-device ops
 all-reduce it in a collective of its own: TensorFlow's executor runs the
 projection of pack ``p + 1`` while the all-reduce of pack ``p`` is in flight.
+Each collective has a fixed cost, though: on 2 in-process CPU replicas (no
+bandwidth to save) more packs were slower (docs/BENCHMARKS.md, section 5);
+packs pay off only where the link, not the launch, dominates.
+
+Memory per tensor and replica: the sample buffer holds ``L_t * m * K``
+values (``L_t`` gradients with the default ``sample_slices=None``), the basis
+``K * d_cap``.
 """
 
 from __future__ import annotations
