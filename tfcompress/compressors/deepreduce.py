@@ -25,6 +25,7 @@ from collections.abc import Sequence
 import tensorflow as tf
 
 from tfcompress.codecs import container
+from tfcompress.codecs.index import INDEX_CODECS, IndexCodec, get_index_codec
 from tfcompress.codecs.values import VALUE_CODECS_BY_ID, ValueCodec, get_value_codec
 from tfcompress.compressors.base import Compressor, Payload
 from tfcompress.compressors.randomk import RandomK
@@ -49,21 +50,16 @@ from tfcompress.ops.sparsify import (
 __all__ = ["DeepReduce"]
 
 
-def _index_codec_api():
-    # The index codecs live in their own module; imported when first needed.
-    from tfcompress.codecs import index  # noqa: PLC0415
-
-    return index
-
-
 def _make_index_codec(codec, options: dict):
     if isinstance(codec, str):
-        return _index_codec_api().get_index_codec(codec, **options)
+        return get_index_codec(codec, **options)
     if options:
         raise ValueError(
             f"DeepReduce: index codec options {sorted(options)} need an index codec name, "
             f"not an instance ({codec!r})"
         )
+    if isinstance(codec, IndexCodec):
+        return codec
     for attribute in ("encode", "decode", "codec_id", "name"):
         if not hasattr(codec, attribute):
             raise ValueError(
@@ -74,11 +70,7 @@ def _make_index_codec(codec, options: dict):
 
 
 def _known_index_codec_ids(current) -> dict[int, str]:
-    try:
-        registry = _index_codec_api().INDEX_CODECS
-    except ImportError:  # only a custom codec instance is in use
-        registry = {}
-    known = {int(cls.codec_id): name for name, cls in registry.items()}
+    known = {int(cls.codec_id): name for name, cls in INDEX_CODECS.items()}
     known[int(current.codec_id)] = current.name
     return known
 
