@@ -2,6 +2,7 @@
 
 tfcompress bench ops [--sizes 1000000 25000000] [--repeats 7] [--out DIR] [--plot]
 tfcompress bench gradiveq [--train-steps 30] [--sampling-steps 40] [--out DIR] [--plot]
+tfcompress bench deepreduce [--ratios 0.01 0.1] [--repeats 5] [--out DIR] [--plot]
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     _configure_aggregate(benchmarks)
     _configure_train(benchmarks)
     _configure_gradiveq(benchmarks)
+    _configure_deepreduce(benchmarks)
 
 
 def _configure_aggregate(benchmarks) -> None:
@@ -90,6 +92,24 @@ def _configure_gradiveq(benchmarks) -> None:
     gradiveq.add_argument("--plot", action="store_true", help="also draw gradiveq.png")
 
 
+def _configure_deepreduce(benchmarks) -> None:
+    deepreduce = benchmarks.add_parser(
+        "deepreduce",
+        help="DeepReduce on real CNN gradients: bytes and encode/decode time per codec pair",
+        description="Bytes relative to fp32 values + int32 indices, Bloom index size, encode "
+        "and decode time (vs a training step) per index/value codec pair, for top-r "
+        "sparsified gradients of a small CNN on Fashion-MNIST.",
+    )
+    deepreduce.add_argument(
+        "--ratios", type=float, nargs="+", default=[0.01, 0.1], help="top-r ratios"
+    )
+    deepreduce.add_argument("--batch-size", type=int, default=128)
+    deepreduce.add_argument("--repeats", type=int, default=5, help="timed repetitions (median)")
+    deepreduce.add_argument("--only", nargs="*", help="combination labels to run (default: all)")
+    deepreduce.add_argument("--out", default=None, help="folder for deepreduce.md/.json/.png")
+    deepreduce.add_argument("--plot", action="store_true", help="also draw deepreduce.png")
+
+
 def run_from_args(args: argparse.Namespace) -> int:
     """Runs the chosen benchmark."""
     if args.benchmark == "ops":
@@ -108,4 +128,8 @@ def run_from_args(args: argparse.Namespace) -> int:
         from tfcompress.bench import gradiveq  # noqa: PLC0415
 
         return gradiveq.main(args)
+    if args.benchmark == "deepreduce":
+        from tfcompress.bench import deepreduce  # noqa: PLC0415
+
+        return deepreduce.main(args)
     raise ValueError(f"unknown benchmark {args.benchmark!r}")

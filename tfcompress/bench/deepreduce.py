@@ -154,7 +154,7 @@ def measure(
     min_size: int = 1024,
 ) -> dict:
     """Bytes, times and error of one codec combination at one top-r ratio."""
-    from tfcompress.compressors import DeepReduce, TopK  # noqa: PLC0415
+    from tfcompress.compressors import DeepReduce, Payload, TopK  # noqa: PLC0415
 
     label, index_name, index_options, value_name, value_options = combination
     tensors = [g for g in gradients if g.shape.num_elements() >= min_size]
@@ -170,27 +170,27 @@ def measure(
         for _ in tensors
     ]
     topk = TopK(ratio=ratio)
-    encode = tf.function(lambda: [c.compress(g) for c, g in zip(compressors, tensors, strict=True)])
-    payloads = encode()
+    encode = tf.function(
+        lambda: [c.compress(g).tensors["bytes"] for c, g in zip(compressors, tensors, strict=True)]
+    )
+    blobs = encode()
     decode = tf.function(
         lambda blobs: [
-            c.decompress(p.replace({"bytes": b}))
-            for c, p, b in zip(compressors, payloads, blobs, strict=True)
+            c.decompress(Payload(tensors={"bytes": b}, shape=g.shape, dtype=g.dtype))
+            for c, g, b in zip(compressors, tensors, blobs, strict=True)
         ]
     )
-    blobs = [p.tensors["bytes"] for p in payloads]
     decoded = decode(blobs)
 
     baseline = index_bytes = total = 0
     errors = []
-    for g, p, y, c in zip(tensors, payloads, decoded, compressors, strict=True):
+    for g, blob, y in zip(tensors, blobs, decoded, strict=True):
         r = topk.count(g.shape.num_elements())
         baseline += 8 * r
-        total += int(tf.size(p.tensors["bytes"]))
-        index_bytes += _index_section_bytes(p.tensors["bytes"])
+        total += int(tf.size(blob))
+        index_bytes += _index_section_bytes(blob)
         reference = topk.decompress(topk.compress(g))
         errors.append(float(tf.norm(y - reference) / tf.maximum(tf.norm(reference), 1e-30)))
-        del c
     encode_s = _median_seconds(encode, repeats)
     decode_s = _median_seconds(lambda: decode(blobs), repeats)
     return {
