@@ -144,6 +144,8 @@ if chief:
     print("|---" * (len(names) + 1) + "|")
     for row in rows:
         print(f"| {row['epoch']} | " + " | ".join(f"{row[n]:.4g}" for n in names) + " |")
+    if workers == 1:
+        print("(one replica: TensorFlow skips the collectives, so nothing is sent or compressed)")
     print(f"TensorBoard: tensorboard --logdir {logdir}")
     print(f"checkpoints: {sorted(os.listdir(checkpoint_dir))} in {checkpoint_dir}")
     if args.summary:

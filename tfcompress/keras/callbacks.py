@@ -71,7 +71,9 @@ class CompressionMonitor(keras.callbacks.Callback):
       ``IndexedSlices`` count as if all-reduced. This is what the collective's
       *interface* delivers, not the bytes on the wire of its implementation (a
       ring all-reduce moves ``2 (N-1)/N`` of the tensor each way).
-    * ``compression_ratio``: ``delta(bytes_uncompressed) / delta(bytes_sent)``.
+    * ``compression_ratio``: ``delta(bytes_uncompressed) / delta(bytes_sent)``
+      (NaN when nothing was sent, e.g. with a single replica, where
+      TensorFlow skips the collectives).
     * ``compressed_fraction``: ``delta(bytes_compressible) /
       delta(bytes_uncompressed)``, the part of the gradient bytes that the
       policy gave to the compressor.
