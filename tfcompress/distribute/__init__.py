@@ -1,6 +1,7 @@
 """Compressed aggregation for ``tf.distribute`` strategies."""
 
 from tfcompress.distribute.accounting import TrafficCounters
+from tfcompress.distribute.checkpointing import CompressionState
 from tfcompress.distribute.cross_device_ops import CompressingCollectiveAllReduce
 from tfcompress.distribute.policy import CompressionPolicy
 from tfcompress.distribute.strategy import (
@@ -8,6 +9,7 @@ from tfcompress.distribute.strategy import (
     MultiWorkerMirroredStrategy,
     compression_metrics,
     compression_of,
+    compression_state,
     is_compressed_strategy,
     reset_traffic_stats,
     set_compression,
@@ -16,12 +18,14 @@ from tfcompress.distribute.strategy import (
 
 __all__ = [
     "CompressingCollectiveAllReduce",
+    "CompressionState",
     "CompressionPolicy",
     "MirroredStrategy",
     "MultiWorkerMirroredStrategy",
     "TrafficCounters",
     "compression_metrics",
     "compression_of",
+    "compression_state",
     "is_compressed_strategy",
     "reset_traffic_stats",
     "set_compression",

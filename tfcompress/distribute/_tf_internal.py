@@ -23,14 +23,19 @@ from tensorflow.python.distribute import (  # noqa: F401 - re-exported below
     reduce_util,
 )
 from tensorflow.python.ops import resource_variable_ops
+from tensorflow.python.saved_model import save_context
+from tensorflow.python.training.saving import saveable_object
 
 __all__ = [
     "CHECKED_TF_VERSIONS",
     "CollectiveAllReduce",
     "ReduceOp",
+    "SaveSpec",
+    "SaveableObject",
     "collective_util",
     "cross_device_ops_of",
     "group_by_size",
+    "in_saved_model_export",
     "is_indexed_slices",
     "launcher_all_gather",
     "launcher_batch_all_reduce",
@@ -45,6 +50,16 @@ CollectiveAllReduce = cross_device_ops.CollectiveAllReduce
 ReduceOp = reduce_util.ReduceOp
 group_by_size = cross_device_utils.group_by_size
 is_indexed_slices = cross_device_utils.is_indexed_slices
+# Checkpointing compressor state: a legacy SaveableObject whose tensor is a
+# callable, so that the (collective) gather runs only when a checkpoint is
+# written, not when one is restored.
+SaveableObject = saveable_object.SaveableObject
+SaveSpec = saveable_object.SaveSpec
+
+
+def in_saved_model_export() -> bool:
+    """True while ``tf.saved_model.save`` runs (the chief alone: no collectives)."""
+    return save_context.in_save_context()
 
 
 def worker_local_variable(initial_value, name: str, device: str | None = None) -> tf.Variable:

@@ -19,14 +19,24 @@ class TrafficCounters:
       bytes_compressible: part of ``bytes_uncompressed`` that the policy sent
         to the compressor.
       aggregations: number of tensors aggregated.
+      bytes_gathered: part of ``bytes_sent`` that went through the all-gather
+        path (every other worker receives it; all-reduced bytes are summed
+        on the way instead).
       compress_seconds: wall-clock seconds from the compressed tensors being
-        ready to their payloads being ready (``tf.timestamp`` in the graph),
-        summed over aggregations and local replicas.
+        ready to their payloads being ready (read in the graph by
+        :func:`tfcompress.ops.timing.wall_clock_after`), summed over
+        aggregations and local replicas; 0 without the op library.
       decompress_seconds: the same from the collectives' results being ready
         to the decoded sums being ready.
     """
 
-    NAMES = ("bytes_sent", "bytes_uncompressed", "bytes_compressible", "aggregations")
+    NAMES = (
+        "bytes_sent",
+        "bytes_uncompressed",
+        "bytes_compressible",
+        "aggregations",
+        "bytes_gathered",
+    )
     SECONDS = ("compress_seconds", "decompress_seconds")
 
     def __init__(self, device: str | None = None):

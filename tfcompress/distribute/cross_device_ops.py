@@ -23,7 +23,9 @@ from tfcompress.compressors.base import Compressor, Payload, Schedule
 from tfcompress.compressors.state import TensorContext
 from tfcompress.distribute import _tf_internal as internal
 from tfcompress.distribute.accounting import TrafficCounters
+from tfcompress.distribute.checkpointing import CompressionState, entry_name
 from tfcompress.distribute.policy import CompressionPolicy
+from tfcompress.ops import timing
 
 __all__ = ["CompressingCollectiveAllReduce"]
 
@@ -76,6 +78,8 @@ class CompressingCollectiveAllReduce(internal.CollectiveAllReduce):
         self._bound: dict[tuple[str, int], Compressor] = {}
         # local replica -> the phase schedule of a phased compressor (None: not phased).
         self._schedules: dict[int, Schedule | None] = {}
+        #: The checkpointable state (set by the strategy factories).
+        self.state: CompressionState | None = None
         task = tf.DeviceSpec.from_string(self._devices[0]).task or 0
         self._first_global_replica = task * len(self._devices)
 
@@ -173,6 +177,9 @@ class CompressingCollectiveAllReduce(internal.CollectiveAllReduce):
             decoded, amounts = tf.switch_case(index, branches, name="phase")
             with tf.control_dependencies(decoded):
                 schedule.advance(index)
+            self._track_state("schedule", replica_id, schedule)
+        for key, b in zip(_tensor_keys(values), bound, strict=True):
+            self._track_state(key, replica_id, b)
         self.counters.add(
             bytes_uncompressed=sum(_nbytes(v) for v in values),
             bytes_compressible=sum(_nbytes(v) for v in values),
@@ -209,16 +216,24 @@ class CompressingCollectiveAllReduce(internal.CollectiveAllReduce):
         }
         result = [decoded[i] for i in range(len(values))]
         done = _timestamp_after([r.values for r in result])
+        for key, b in zip(keys, bound, strict=True):
+            self._track_state(key, replica_id, b)
         nbytes = sum(_nbytes(v.values) + _nbytes(v.indices) for v in values)
         self.counters.add(
             bytes_sent=sent,
+            bytes_gathered=sent,
             bytes_uncompressed=nbytes,
             bytes_compressible=nbytes,
             aggregations=len(values),
-            compress_seconds=compressed - start,
-            decompress_seconds=done - received,
+            compress_seconds=_elapsed(start, compressed),
+            decompress_seconds=_elapsed(received, done),
         )
         return result
+
+    def _track_state(self, key: str, replica_id: int, owner) -> None:
+        """Hands the (now created) state variables of ``owner`` to the checkpointable state."""
+        if self.state is not None:
+            self.state.track(entry_name(key), replica_id, owner.variables)
 
     def _sum_payloads(
         self, bound: list[Compressor], values: list[tf.Tensor], replica_id: int, options
@@ -256,8 +271,9 @@ class CompressingCollectiveAllReduce(internal.CollectiveAllReduce):
         done = _timestamp_after(result)
         amounts = {
             "bytes_sent": sent,
-            "compress_seconds": compressed - start,
-            "decompress_seconds": done - received,
+            "bytes_gathered": tf.constant(0, tf.int64) if bound[0].summable else sent,
+            "compress_seconds": _elapsed(start, compressed),
+            "decompress_seconds": _elapsed(received, done),
         }
         return result, amounts
 
@@ -273,7 +289,7 @@ class CompressingCollectiveAllReduce(internal.CollectiveAllReduce):
         sent = tf.constant(0, tf.int64)
         for positions in by_dtype.values():
             # Tensors whose size is only known at run time (identical on every
-            # worker, e.g. GradiVeQ's d coefficients) travel in packs of their own.
+            # worker, e.g. GradiVeQ's d coefficients) travel in one pack of their own.
             positions = sorted(
                 positions, key=lambda q: flat[q][1].tensors[flat[q][2]].shape.num_elements() is None
             )
@@ -281,7 +297,8 @@ class CompressingCollectiveAllReduce(internal.CollectiveAllReduce):
             sent += sum(_nbytes(t) for t in tensors)
             known = [t for t in tensors if t.shape.num_elements() is not None]
             packs = internal.group_by_size(known, options.bytes_per_pack) if known else []
-            packs += [[t] for t in tensors[len(known) :]]
+            if len(known) < len(tensors):
+                packs.append(tensors[len(known) :])
             outputs = internal.launcher_batch_all_reduce(self, replica_id, packs, options)
             for pos, out in zip(positions, outputs, strict=True):
                 reduced[pos] = out
@@ -337,7 +354,7 @@ class CompressingCollectiveAllReduce(internal.CollectiveAllReduce):
         self.counters.add(bytes_sent=nbytes, bytes_uncompressed=nbytes, aggregations=len(values))
 
     def __deepcopy__(self, memo):
-        return CompressingCollectiveAllReduce(
+        copied = CompressingCollectiveAllReduce(
             self._devices,
             self._group_size,
             self._options,
@@ -347,7 +364,9 @@ class CompressingCollectiveAllReduce(internal.CollectiveAllReduce):
             canonicalize_devices=self._canonicalize_devices,
             counters=self.counters,
         )
+        copied.state = self.state
         # (bound compressors are not copied: a copy rebinds, creating fresh state)
+        return copied
 
 
 def _tensor_keys(values: list[tf.Tensor]) -> list[str]:
@@ -386,10 +405,18 @@ def _divide(value, n: int):
     return value / tf.cast(n, value.dtype)
 
 
-def _timestamp_after(tensors: list[tf.Tensor]) -> tf.Tensor:
-    """Wall-clock seconds (float64) once every tensor of ``tensors`` is computed."""
-    with tf.control_dependencies(tensors):
-        return tf.timestamp()
+def _timestamp_after(tensors: list[tf.Tensor]) -> tf.Tensor | None:
+    """Wall-clock seconds (float64) once every tensor of ``tensors`` is computed.
+
+    ``None`` when the op library is unavailable (nothing is timed then).
+    """
+    return timing.wall_clock_after(tensors)
+
+
+def _elapsed(start: tf.Tensor | None, end: tf.Tensor | None) -> tf.Tensor:
+    if start is None or end is None:
+        return tf.constant(0.0, tf.float64)
+    return end - start
 
 
 def _nbytes(t) -> tf.Tensor:

@@ -10,6 +10,7 @@ import tensorflow as tf
 from tfcompress.compressors import registry
 from tfcompress.compressors.base import Compressor
 from tfcompress.distribute import _tf_internal as internal
+from tfcompress.distribute.checkpointing import CompressionState
 from tfcompress.distribute.cross_device_ops import CompressingCollectiveAllReduce
 from tfcompress.distribute.policy import CompressionPolicy
 from tfcompress.keras import _keras3_multiworker
@@ -19,6 +20,7 @@ __all__ = [
     "MultiWorkerMirroredStrategy",
     "compression_metrics",
     "compression_of",
+    "compression_state",
     "is_compressed_strategy",
     "reset_traffic_stats",
     "set_compression",
@@ -113,6 +115,7 @@ def MirroredStrategy(  # noqa: N802 - mirrors tf.distribute's class name
     )
     strategy = tf.distribute.MirroredStrategy(devices=devices, cross_device_ops=cross_ops)
     strategy._tfcompress_compression = compressor  # pylint: disable=protected-access
+    cross_ops.state = CompressionState(strategy, _settings_text(compressor, policy))
     return strategy
 
 
@@ -123,6 +126,7 @@ def _install(strategy, compressor, policy) -> None:
     )
     internal.replace_cross_device_ops(strategy, new)
     strategy._tfcompress_compression = compressor  # pylint: disable=protected-access
+    new.state = CompressionState(strategy, _settings_text(compressor, policy))
     _check_same_settings_on_every_worker(strategy, compressor, policy)
     # Keras 3's multi-worker fit needs a fix (keras-team/keras#20585); it only
     # acts on strategies made here.
@@ -148,11 +152,16 @@ def set_compression(strategy, compression: Compressor | str | None, **options) -
     ops = strategy.extended._cross_device_ops  # pylint: disable=protected-access
     ops.compressor = compressor
     ops.clear_bound_compressors()
+    ops.state.reset(_settings_text(compressor, ops.policy))
     strategy._tfcompress_compression = compressor  # pylint: disable=protected-access
 
 
+def _settings_text(compressor, policy) -> str:
+    return f"compression={compressor!r}, policy={policy!r}"
+
+
 def _settings_digest(compressor, policy) -> int:
-    text = f"{compressor!r}|{policy!r}"
+    text = _settings_text(compressor, policy)
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:7], "little")
 
 
@@ -208,6 +217,23 @@ def traffic_stats(strategy) -> dict[str, int | float]:
       ``decompress_seconds`` (floats), summed over this worker's local replicas.
     """
     return _counters(strategy).read()
+
+
+def compression_state(strategy) -> CompressionState:
+    """The checkpointable compressor state of a tfcompress strategy.
+
+    Add it to a ``tf.train.Checkpoint`` next to the model and optimizer::
+
+        checkpoint = tf.train.Checkpoint(
+            model=model, optimizer=optimizer,
+            compression=tfcompress.distribute.compression_state(strategy))
+
+    Every worker must save at the same time (TensorFlow's multi-worker
+    convention): the state of all workers is gathered into each checkpoint,
+    and each worker restores its own. Keras users call
+    :func:`tfcompress.keras.track_compression_state` instead.
+    """
+    return _cross_device_ops(strategy).state
 
 
 def compression_metrics(strategy) -> dict[str, float]:

@@ -1,0 +1,60 @@
+"""Keras models that checkpoint their compressor state with their weights."""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from tfcompress.distribute import strategy as _strategy
+
+__all__ = ["STATE_ATTRIBUTE", "strategy_of", "track_compression_state"]
+
+#: Name of the model attribute (and checkpoint dependency) holding the state.
+STATE_ATTRIBUTE = "tfcompress_compression_state"
+
+
+def strategy_of(model) -> tf.distribute.Strategy:
+    """The strategy a Keras model (tf-keras or Keras 3) trains under."""
+    strategy = getattr(model, "distribute_strategy", None)
+    if strategy is None:
+        strategy = getattr(model, "_distribute_strategy", None)
+    return strategy or tf.distribute.get_strategy()
+
+
+def track_compression_state(model, strategy: tf.distribute.Strategy | None = None):
+    """Makes ``model``'s checkpoints include the compressor state of its strategy.
+
+    After this call, everything that checkpoints the model object —
+    ``tf.keras.callbacks.BackupAndRestore`` and ``ModelCheckpoint`` of tf-keras,
+    ``tf.train.Checkpoint(model=model)`` and ``CheckpointManager`` — also saves
+    the error memories, shifts, bases and counters of every worker, and
+    restores each worker's own (see
+    :class:`tfcompress.distribute.CompressionState`). State restored before
+    the first step is assigned when the training step creates it.
+    SavedModel exports never contain it. tfcompress callbacks call this in
+    ``set_model``; call it yourself (after ``compile``) otherwise. Idempotent.
+
+    Keras 3's ``BackupAndRestore`` writes ``.weights.h5`` files of Keras
+    variables only; with Keras 3 use ``tf.train.Checkpoint`` /
+    ``CheckpointManager`` with this model (or the state directly).
+
+    Args:
+      model: a Keras model (tf-keras or Keras 3).
+      strategy: its tfcompress strategy; default the model's strategy.
+
+    Returns:
+      The :class:`~tfcompress.distribute.CompressionState` now tracked by the model.
+
+    Raises:
+      ValueError: when the strategy is not a tfcompress strategy.
+    """
+    strategy = strategy or strategy_of(model)
+    if not _strategy.is_compressed_strategy(strategy):
+        raise ValueError(
+            "track_compression_state needs a model trained under a tfcompress strategy "
+            "(tfcompress.distribute.MultiWorkerMirroredStrategy or MirroredStrategy); "
+            f"this model's strategy is {type(strategy).__name__}"
+        )
+    state = _strategy.compression_state(strategy)
+    if getattr(model, STATE_ATTRIBUTE, None) is not state:
+        setattr(model, STATE_ATTRIBUTE, state)
+    return state
