@@ -77,3 +77,24 @@ def test_compressors_without_sparse_support_leave_indexed_slices_to_tensorflow()
     stats = tfcompress.distribute.traffic_stats(strategy)
     assert stats["bytes_compressible"] == 0
     assert isinstance(Identity(), Compressor) and not Identity.supports_indexed_slices
+
+
+def test_error_feedback_hands_indexed_slices_to_its_inner_compressor():
+    from tfcompress.compressors import ErrorFeedback
+
+    strategy = make(ErrorFeedback(RowsCompressor()), min_size=16)
+    tfcompress.distribute.reset_traffic_stats(strategy)
+
+    @tf.function
+    def step():
+        result = reduce_slices(strategy, "sum")
+        return [tf.math.unsorted_segment_sum(r.values, r.indices, 1000) for r in result.values]
+
+    want = sum(
+        tf.math.unsorted_segment_sum(slices_of(r).values, slices_of(r).indices, 1000)
+        for r in (0, 1)
+    )
+    for dense in step():
+        np.testing.assert_array_equal(dense.numpy(), want.numpy())
+    assert tfcompress.distribute.traffic_stats(strategy)["bytes_compressible"] > 0
+    assert tfcompress.distribute.compression_state(strategy).variables == []

@@ -64,6 +64,9 @@ class ErrorFeedback(Compressor):
         self.inner = inner
         self.summable = inner.summable
         self.supported_dtypes = inner.supported_dtypes
+        # IndexedSlices (embedding rows) go straight to an inner compressor that
+        # encodes them; the feedback memory is for dense tensors only.
+        self.supports_indexed_slices = inner.supports_indexed_slices
         self._context = TensorContext()
         self._memory: tf.Variable | None = None
         self._bound_inner: Compressor | None = None
@@ -115,6 +118,14 @@ class ErrorFeedback(Compressor):
 
     def aggregate(self, payloads: Sequence[Payload]) -> tf.Tensor:
         return self._inner.aggregate(payloads)
+
+    def compress_indexed_slices(self, slices: tf.IndexedSlices) -> Payload:
+        """The inner compressor's encoding of ``slices`` (no error feedback on sparse rows)."""
+        return self._inner.compress_indexed_slices(slices)
+
+    def aggregate_indexed_slices(self, payloads: Sequence[Payload]) -> tf.IndexedSlices:
+        """The inner compressor's sum of the workers' sparse payloads."""
+        return self._inner.aggregate_indexed_slices(payloads)
 
     def residual_norm(self) -> tf.Tensor:
         """L2 norm of the current residual memory (0 before the first step)."""

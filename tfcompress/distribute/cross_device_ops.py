@@ -83,16 +83,20 @@ class CompressingCollectiveAllReduce(internal.CollectiveAllReduce):
         task = tf.DeviceSpec.from_string(self._devices[0]).task or 0
         self._first_global_replica = task * len(self._devices)
 
-    def bound_compressor(self, key: str, replica_id: int, value: tf.Tensor) -> Compressor:
-        """The compressor bound to tensor ``key`` (like ``value``) on local replica ``replica_id``."""
+    def bound_compressor(self, key: str, replica_id: int, value) -> Compressor:
+        """The compressor bound to tensor ``key`` (like ``value``) on local replica ``replica_id``.
+
+        For ``tf.IndexedSlices`` the context has no shape (the rows vary).
+        """
         if (key, replica_id) not in self._bound:
+            sparse = internal.is_indexed_slices(value)
             context = TensorContext(
                 key=key,
                 replica=self._first_global_replica + replica_id,
                 num_replicas=self._group_size,
                 device=self._devices[replica_id],
-                shape=value.shape,
-                dtype=value.dtype,
+                shape=None if sparse else value.shape,
+                dtype=value.values.dtype if sparse else value.dtype,
             )
             self._bound[(key, replica_id)] = self.compressor.bind(context)
         return self._bound[(key, replica_id)]
@@ -199,8 +203,7 @@ class CompressingCollectiveAllReduce(internal.CollectiveAllReduce):
         options = self._options.merge(options)
         keys = _tensor_keys([_SparseKey(v) for v in values])
         bound = [
-            self.bound_compressor(key, replica_id, v.values)
-            for key, v in zip(keys, values, strict=True)
+            self.bound_compressor(key, replica_id, v) for key, v in zip(keys, values, strict=True)
         ]
         order = list(reversed(range(len(values))))
         start = _timestamp_after([v.values for v in values])

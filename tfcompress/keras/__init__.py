@@ -2,11 +2,12 @@
 
 from tfcompress.keras import callbacks
 from tfcompress.keras._keras3_multiworker import install as install_keras3_multiworker_fix
-from tfcompress.keras.callbacks import CompressionMonitor
+from tfcompress.keras.callbacks import CompressionMonitor, CompressionSchedule
 from tfcompress.keras.state import track_compression_state
 
 __all__ = [
     "CompressionMonitor",
+    "CompressionSchedule",
     "callbacks",
     "install_keras3_multiworker_fix",
     "track_compression_state",

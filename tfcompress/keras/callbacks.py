@@ -26,7 +26,7 @@ import keras
 import tensorflow as tf
 from tensorflow.core.framework import summary_pb2
 
-__all__ = ["CompressionMonitor"]
+__all__ = ["CompressionMonitor", "CompressionSchedule"]
 
 #: Counters of ``tfcompress.distribute.traffic_stats`` the monitor turns into rates.
 _COUNTERS = (
@@ -99,6 +99,11 @@ class CompressionMonitor(keras.callbacks.Callback):
     training scalars). Keras gives a callback no handle on the other callbacks
     of the same ``fit``, so the TensorBoard callback is passed explicitly.
     Other workers write no summaries.
+
+    The monitor also makes the model track its strategy's compressor state
+    (:func:`tfcompress.keras.track_compression_state`, in ``set_model``), so
+    checkpoints of the model save and restore it; SavedModel exports do not
+    contain it.
 
     Args:
       log_every: add batch-level figures every this many training steps
@@ -174,6 +179,17 @@ class CompressionMonitor(keras.callbacks.Callback):
         return False
 
     # -- hooks -------------------------------------------------------------------------------
+
+    def set_model(self, model):
+        super().set_model(model)
+        from tfcompress.distribute import is_compressed_strategy  # noqa: PLC0415 - import cycle
+        from tfcompress.keras.state import strategy_of, track_compression_state  # noqa: PLC0415
+
+        # Checkpoints of a model trained with the monitor (BackupAndRestore,
+        # ModelCheckpoint, tf.train.Checkpoint) include the compressor state;
+        # a model without a tfcompress strategy fails in on_train_begin.
+        if is_compressed_strategy(strategy_of(model)):
+            track_compression_state(model)
 
     def on_train_begin(self, logs=None):
         self.strategy = _tfcompress_strategy_of(self.model)
@@ -413,3 +429,7 @@ def _optimizer_step(model) -> int:
         return int(model.optimizer.iterations.numpy())
     except (AttributeError, TypeError, ValueError):
         return 0
+
+
+# Re-exported so that all tfcompress callbacks live under tfcompress.keras.callbacks.
+from tfcompress.keras.schedule import CompressionSchedule  # noqa: E402
