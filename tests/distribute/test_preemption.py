@@ -1,16 +1,22 @@
 """A 2-worker ``model.fit`` killed mid-epoch resumes from its backup with its compressor state.
 
 tests/workers/preempt_worker.py trains 3 epochs of 16 steps with tf-keras'
-``BackupAndRestore(save_freq="epoch")``. Worker 1 SIGKILLs itself after global
-step 24 (mid-epoch 2); the launcher stops worker 0; the same command, run
-again, resumes at epoch 2 (index 1) from the backup of epoch 1 and must end with
-the weights and compressor state of an uninterrupted run, bit for bit, on both
-workers. The data is not shuffled and the CPU ops and the 2-worker ring
-all-reduce are deterministic, so bit-identical is the expected outcome.
+``BackupAndRestore``. Worker 1 SIGKILLs itself after global step 24 (mid-epoch
+2); the launcher stops worker 0; the same command, run again, resumes from the
+backup and must end with the weights and compressor state of an uninterrupted
+run, bit for bit, on both workers. The data is not shuffled and the CPU ops
+and the 2-worker ring all-reduce are deterministic, so bit-identical is the
+expected outcome.
 
-Counter-check: the same backup (copied before the resume deletes it), resumed
-by workers that do not track the compressor state, starts from zero error
-memories / DIANA shifts / step counters and ends elsewhere.
+* ErrorFeedback(TopK), ``save_freq="epoch"``: resumes at the start of epoch 2
+  from the backup of epoch 1 (16 steps done).
+* DIANA(QSGD), ``save_freq=5``: resumes at step 5 of epoch 2 from the backup
+  of step 20, the worker's data stream skipped by 20 batches (tf-keras alone
+  would restart the epoch's data at its first batch).
+
+Counter-check (EF-TopK): the same backup (copied before the resume deletes
+it), resumed by workers that do not track the compressor state, starts from
+zero error memories and ends elsewhere.
 """
 
 import json
@@ -64,14 +70,21 @@ def same(a, b):
     return len(a) == len(b) and all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
 
 
-@pytest.mark.parametrize("compression", ["ef_topk", "diana_qsgd"])
-def test_killed_worker_resumes_bit_identically_with_its_compressor_state(compression, tmp_path):
+@pytest.mark.parametrize(
+    "compression, save_freq, steps_done, counter_check",
+    [("ef_topk", "epoch", 16, True), ("diana_qsgd", "5", 20, False)],
+)
+def test_killed_worker_resumes_bit_identically_with_its_compressor_state(
+    compression, save_freq, steps_done, counter_check, tmp_path
+):
     # (a) uninterrupted
-    plain = run(compression, tmp_path / "plain", tmp_path / "plain_backup")
+    plain = run(
+        compression, tmp_path / "plain", tmp_path / "plain_backup", "--save-freq", save_freq
+    )
     assert plain.returncode == 0, plain.format_logs()
     want = outputs(tmp_path / "plain")
     for task in range(2):
-        assert "fit starts at epoch 0" in plain.logs[task], plain.format_logs()
+        assert "fit starts at epoch 0, 0 steps done" in plain.logs[task], plain.format_logs()
         assert want[task]["state"], "the compressor has no state to restore"
     # The state is per worker (error memory / local shift h_i): a restore that
     # swapped the workers' rows would be seen below.
@@ -79,40 +92,50 @@ def test_killed_worker_resumes_bit_identically_with_its_compressor_state(compres
 
     # (b) worker 1 dies mid-epoch 2: the launcher reports it and stops worker 0
     out, backup = tmp_path / "preempted", tmp_path / "backup"
-    killed = run(compression, out, backup, "--kill-at-step", str(KILL_AT_STEP))
+    command = ["--save-freq", save_freq, "--kill-at-step", str(KILL_AT_STEP)]
+    killed = run(compression, out, backup, *command)
     assert killed.returncode == 128 + signal.SIGKILL, killed.format_logs()
     assert killed.failed_worker == 1 and killed.worker_returncodes[1] == -signal.SIGKILL
     assert killed.stopped_workers == [0]
     assert f"SIGKILL after global step {KILL_AT_STEP}" in killed.logs[1]
     assert "Epoch 2/3" in killed.logs[0] and "Epoch 3/3" not in killed.logs[0]
-    assert (backup / "chief" / "checkpoint").exists()  # written at the end of epoch 1
+    assert (backup / "chief" / "checkpoint").exists()
     assert not (out / "worker0.npz").exists()
     untracked_backup = tmp_path / "backup_copy"
     shutil.copytree(backup, untracked_backup)
 
     # (c) the same command again: resumes at epoch 2 (index 1) from the backup
-    resumed = run(compression, out, backup, "--kill-at-step", str(KILL_AT_STEP))
+    resumed = run(compression, out, backup, *command)
     assert resumed.returncode == 0, resumed.format_logs()
     got = outputs(out)
     for task in range(2):
         log = resumed.logs[task]
-        assert "fit starts at epoch 1" in log and "Epoch 1/3" not in log, resumed.format_logs()
+        assert f"fit starts at epoch 1, {steps_done} steps done" in log, resumed.format_logs()
+        assert "Epoch 1/3" not in log
         assert "SIGKILL" not in log
         assert same(got[task]["weights"], want[task]["weights"]), f"worker {task} weights"
         assert got[task]["state_names"] == want[task]["state_names"]
         assert same(got[task]["state"], want[task]["state"]), f"worker {task} compressor state"
-        assert got[task]["loss"] == want[task]["loss"][1:]  # epochs 2 and 3, bit for bit
+        # Epoch 3's mean loss, bit for bit (epoch 2's covers the resumed steps only
+        # when the backup was mid-epoch).
+        assert got[task]["loss"][-1] == want[task]["loss"][-1]
+        if save_freq == "epoch":
+            assert got[task]["loss"] == want[task]["loss"][1:]
 
+    if not counter_check:
+        return
     # Counter-check: the same backup resumed without the compressor state
     # starts epoch 2 from re-initialised state and ends elsewhere.
     fresh_out = tmp_path / "untracked"
     fresh_out.mkdir()
     shutil.copy(out / "killed-worker1", fresh_out)  # no kill on this attempt either
-    fresh = run(compression, fresh_out, untracked_backup, "--no-track-state")
+    fresh = run(
+        compression, fresh_out, untracked_backup, "--save-freq", save_freq, "--no-track-state"
+    )
     assert fresh.returncode == 0, fresh.format_logs()
     other = outputs(fresh_out)
     for task in range(2):
-        assert "fit starts at epoch 1" in fresh.logs[task], fresh.format_logs()
+        assert f"fit starts at epoch 1, {steps_done} steps done" in fresh.logs[task]
         assert not same(other[task]["weights"], want[task]["weights"])
         assert not same(other[task]["state"], want[task]["state"])
         assert other[task]["loss"][0] != want[task]["loss"][1]

@@ -1,23 +1,29 @@
 """One worker of a preempted-and-resumed ``model.fit`` run, started by the tests' harness.
 
 Usage: preempt_worker.py --compression {ef_topk,diana_qsgd} --backup-dir DIR --out DIR
-                         [--kill-at-step S] [--no-track-state] [--epochs E]
+                         [--save-freq {epoch,N}] [--kill-at-step S] [--no-track-state]
 
 Trains a small dense classifier on a Fashion-MNIST subset under
 ``tfcompress.distribute.MultiWorkerMirroredStrategy(compression=...)`` with
-``tf_keras.callbacks.BackupAndRestore(DIR, save_freq="epoch")`` and (unless
-``--no-track-state``) ``track_compression_state(model)``.
+``tf_keras.callbacks.BackupAndRestore(DIR, save_freq=...)`` and (unless
+``--no-track-state``) ``track_compression_state(model)``. The data is not
+shuffled.
 
 ``--kill-at-step S``: worker 1 SIGKILLs itself right after global step S, on
 the first attempt only: it writes ``<out>/killed-worker1`` just before the
 kill, and a later attempt that finds the file trains on.
 
-Backups are taken at epoch ends only. A mid-epoch backup (``save_freq=N``) does
-not resume exactly with tf-keras: it restores the step counter but restarts
-the epoch's dataset iterator at its first batch. The data is not shuffled, so
-every attempt sees the same batches in every epoch.
+``--save-freq epoch`` (default): backups at epoch ends; ``fit`` gets the
+epoch's dataset and makes a new iterator per epoch, so a resumed run replays
+the interrupted epoch from its first batch, as an uninterrupted run does.
 
-Prints ``worker <i>: fit starts at epoch <e>`` when fit begins its first epoch
+``--save-freq N``: backups every N steps. tf-keras then resumes mid-epoch: it
+restores the step counter but would restart the epoch's iterator at its first
+batch, feeding the wrong batches. So ``fit`` gets one stream of all epochs'
+batches (``steps_per_epoch`` set, one iterator for the whole run) from which a
+resumed run skips the steps the chief's backup has already trained.
+
+Prints ``worker <i>: fit starts at epoch <e>, <n> steps done`` when fit begins
 and writes ``<out>/worker<i>.npz``: the final weights (``arr_0``, ...), and
 ``state_<k>``, the values of ``compression_state(strategy).variables`` in order
 (``state_names`` holds their variable names).
@@ -34,12 +40,14 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--compression", choices=["ef_topk", "diana_qsgd"], required=True)
 parser.add_argument("--backup-dir", required=True)
 parser.add_argument("--out", required=True)
+parser.add_argument("--save-freq", default="epoch")
 parser.add_argument("--kill-at-step", type=int, default=-1)
 parser.add_argument("--no-track-state", action="store_true")
 parser.add_argument("--epochs", type=int, default=3)
 parser.add_argument("--train-size", type=int, default=1024)
 parser.add_argument("--batch-size", type=int, default=64, help="global batch size")
 args = parser.parse_args()
+save_freq = args.save_freq if args.save_freq == "epoch" else int(args.save_freq)
 
 os.environ["TF_USE_LEGACY_KERAS"] = "1"
 
@@ -65,7 +73,26 @@ strategy = tfcompress.distribute.MultiWorkerMirroredStrategy(compression=compres
 (x, y), _ = tfcompress.data.load_fashion_mnist(subset=args.train_size)
 x = x.reshape(len(x), -1).astype("float32")
 steps_per_epoch = len(x) // args.batch_size
+
+
+def steps_done() -> int:
+    """Global steps trained by the chief's latest backup, by tf-keras' resume rule."""
+    path = tf.train.latest_checkpoint(os.path.join(args.backup_dir, "chief"))
+    if path is None:
+        return 0
+    reader = tf.train.load_checkpoint(path)
+    epoch = int(reader.get_tensor("ckpt_saved_epoch/.ATTRIBUTES/VARIABLE_VALUE"))
+    batch = int(reader.get_tensor("ckpt_saved_batch/.ATTRIBUTES/VARIABLE_VALUE"))
+    if save_freq != "epoch" and batch >= 0:
+        return epoch * steps_per_epoch + batch + 1
+    return (epoch + 1) * steps_per_epoch if epoch >= 0 else 0
+
+
+done = steps_done()
 dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(args.batch_size, drop_remainder=True)
+fit_steps = None
+if save_freq != "epoch":
+    dataset, fit_steps = dataset.repeat(args.epochs).skip(done), steps_per_epoch
 options = tf.data.Options()
 options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
 dataset = dataset.with_options(options)
@@ -99,7 +126,11 @@ class Preemption(keras.callbacks.Callback):
 
     def on_epoch_begin(self, epoch, logs=None):
         if self._epoch is None:
-            print(f"worker {task}: fit starts at epoch {epoch}", file=sys.stderr, flush=True)
+            print(
+                f"worker {task}: fit starts at epoch {epoch}, {done} steps done",
+                file=sys.stderr,
+                flush=True,
+            )
         self._epoch = epoch
 
     def on_train_batch_end(self, batch, logs=None):
@@ -113,10 +144,11 @@ class Preemption(keras.callbacks.Callback):
 history = model.fit(
     dataset,
     epochs=args.epochs,
+    steps_per_epoch=fit_steps,
     shuffle=False,
     verbose=2,
     callbacks=[
-        keras.callbacks.BackupAndRestore(args.backup_dir, save_freq="epoch"),
+        keras.callbacks.BackupAndRestore(args.backup_dir, save_freq=save_freq),
         Preemption(),
     ],
 )
