@@ -1,9 +1,10 @@
 """Models trained with compression export cleanly and serve where tfcompress is absent.
 
 In process: tf-keras and Keras 3 models trained under a 2-replica tfcompress
-``MirroredStrategy`` (C++ kernels in the training graph) are saved in every
-format; one fresh process, in which ``import tfcompress`` fails, loads them all
-and predicts. Then a real 2-worker run in which the chief exports.
+``MirroredStrategy`` (C++ kernels in the training graph, ``CompressionMonitor``
+so that the model tracks the compressor state) are saved in every format; one
+fresh process, in which ``import tfcompress`` fails, loads them all and
+predicts. Then real 2-worker runs in which the chief exports.
 """
 
 import json
@@ -21,6 +22,8 @@ from tensorflow.core.protobuf import saved_model_pb2
 import tfcompress
 from tests.multiworker import ROOT, WORKERS, run_workers
 from tfcompress import ops
+from tfcompress.keras.callbacks import CompressionMonitor
+from tfcompress.keras.state import STATE_ATTRIBUTE
 
 DEVICES = ["/cpu:0", "/cpu:1"]
 PREFIX = ops.op_name("")  # "TFCompress>"
@@ -65,7 +68,10 @@ def build_and_train(keras_module, strategy):
             loss=keras_module.losses.SparseCategoricalCrossentropy(from_logits=True),
             metrics=["accuracy"],
         )
-    model.fit(X, Y, batch_size=32, epochs=1, verbose=0)
+    # The monitor makes the model track the compressor state (for checkpoints):
+    # the exports below must still leave it out.
+    model.fit(X, Y, batch_size=32, epochs=1, verbose=0, callbacks=[CompressionMonitor()])
+    assert getattr(model, STATE_ATTRIBUTE) is tfcompress.distribute.compression_state(strategy)
     return model
 
 
@@ -86,17 +92,16 @@ def saved_model_op_types(directory) -> set[str]:
     return types
 
 
-def files_mentioning_tfcompress(path) -> list[str]:
-    """Files (or .keras archive members) whose bytes contain 'tfcompress', any case."""
-    path = pathlib.Path(path)
-    found = []
-    if path.is_file() and zipfile.is_zipfile(path):
-        with zipfile.ZipFile(path) as archive:
-            found = [n for n in archive.namelist() if b"tfcompress" in archive.read(n).lower()]
-    else:
-        files = [p for p in path.rglob("*") if p.is_file()]
-        found = [str(p) for p in files if b"tfcompress" in p.read_bytes().lower()]
-    return found
+def keras_file_members_mentioning_tfcompress(path) -> list[str]:
+    """Members of a .keras archive whose bytes contain 'tfcompress', any case."""
+    with zipfile.ZipFile(path) as archive:
+        return [n for n in archive.namelist() if b"tfcompress" in archive.read(n).lower()]
+
+
+def saved_variables_of_tfcompress(directory) -> list[str]:
+    """Keys of a SavedModel's variables checkpoint that belong to tfcompress."""
+    reader = tf.train.load_checkpoint(str(pathlib.Path(directory) / "variables" / "variables"))
+    return sorted(k for k in reader.get_variable_to_shape_map() if "tfcompress" in k.lower())
 
 
 def tf_keras_train_op_types(model) -> set[str]:
@@ -190,12 +195,37 @@ def test_serves_without_tfcompress_and_predicts_the_same(exported, key):
 
 
 @pytest.mark.parametrize("key", EXPORTS)
-def test_no_tfcompress_op_or_name_in_the_export(exported, key):
+def test_no_custom_op_in_the_export(exported, key):
     path = exported["manifest"][key]["path"]
-    if not path.endswith(".keras"):
+    if path.endswith(".keras"):  # weights and a config, no graph
+        assert keras_file_members_mentioning_tfcompress(path) == []
+    else:
         custom = sorted(t for t in saved_model_op_types(path) if t.startswith(PREFIX))
         assert custom == [], f"{key}: custom ops in the exported graph: {custom}"
-    assert files_mentioning_tfcompress(path) == []
+
+
+# tf.saved_model.save (which tf-keras' model.save calls) writes the variables
+# after its save context has closed, so CompressionState's check
+# internal.in_saved_model_export() is False there and the state is saved.
+STATE_SAVED = pytest.mark.xfail(
+    strict=True,
+    reason="CompressionState saveable is written into SavedModels by tf.saved_model.save "
+    "(tfcompress/distribute/checkpointing.py)",
+)
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        pytest.param(k, marks=STATE_SAVED) if k.endswith(("tf_keras_model_save", "tf_saved_model_save"))
+        else k
+        for k in EXPORTS
+        if not k.endswith("keras3_model_save_keras")
+    ],
+)  # fmt: skip
+def test_no_compressor_state_in_the_export(exported, key):
+    path = exported["manifest"][key]["path"]
+    assert saved_variables_of_tfcompress(path) == []
 
 
 @pytest.mark.slow
@@ -219,6 +249,29 @@ def test_two_workers_chief_exports_and_a_fresh_process_serves(tmp_path):
     reference = np.load(tmp_path / "reference.npy")
     for entry in manifest:
         assert not any(t.startswith(PREFIX) for t in saved_model_op_types(entry["path"]))
-        assert files_mentioning_tfcompress(entry["path"]) == []
         np.testing.assert_array_equal(served[entry["name"]], reference)
     np.testing.assert_array_equal(served["model_save:load_model"], reference)
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(
+    strict=True,
+    reason="with the compressor state tracked, tf.saved_model.save runs the state's "
+    "all-gather (CompressionState._gather) and fails without the other workers "
+    "(tfcompress/distribute/checkpointing.py)",
+)
+def test_two_workers_keras3_chief_alone_exports(tmp_path):
+    # Keras 3 needs no collective to save (tf-keras reads its metrics' variables
+    # through one, so there every worker must save).
+    run_workers(
+        "export_worker.py",
+        ["train", "--keras", "keras3", "--compression", "ef_topk", "--out", str(tmp_path)]
+        + ["--savers", "chief"],
+        env={"PYTHONPATH": str(ROOT)},
+        timeout=120,
+    )
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    served = serve_without_tfcompress(tmp_path / "manifest.json", tmp_path / "served.npz")
+    reference = np.load(tmp_path / "reference.npy")
+    for entry in manifest:
+        np.testing.assert_array_equal(served[entry["name"]], reference)

@@ -2,12 +2,13 @@
 
 Two commands:
 
-``export_worker.py train --keras {tf_keras,keras3} --compression NAME --out DIR``
-    One worker of a multi-worker ``model.fit`` (started by the tests' harness).
-    Every worker saves (the chief into DIR, the others into a temporary
-    directory they delete, as TensorFlow's multi-worker saving guide does, since
-    saving may read synchronised variables collectively); the chief also writes
-    DIR/manifest.json and the inputs and reference predictions next to it.
+``export_worker.py train --keras {tf_keras,keras3} --compression NAME --out DIR [--savers all|chief]``
+    One worker of a multi-worker ``model.fit`` with ``CompressionMonitor``
+    (so the model tracks the compressor state), started by the tests' harness.
+    With ``--savers all`` every worker saves (the chief into DIR, the others
+    into a temporary directory they delete, as TensorFlow's multi-worker saving
+    guide does); with ``--savers chief`` only the chief does. The chief also
+    writes DIR/manifest.json and the inputs and reference predictions next to it.
 
 ``export_worker.py serve MANIFEST OUTPUT``
     A fresh process in which ``import tfcompress`` fails: loads every export
@@ -81,6 +82,7 @@ def train(args) -> None:
         import keras  # noqa: PLC0415
 
     import tfcompress  # noqa: PLC0415
+    from tfcompress.keras.callbacks import CompressionMonitor  # noqa: PLC0415
 
     compression = {
         "ef_topk": tfcompress.compressors.ErrorFeedback(tfcompress.compressors.TopK(ratio=0.05)),
@@ -115,10 +117,12 @@ def train(args) -> None:
             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
             metrics=["accuracy"],
         )
-    model.fit(dataset, epochs=2, verbose=0)
+    model.fit(dataset, epochs=2, verbose=0, callbacks=[CompressionMonitor()])
     stats = tfcompress.distribute.traffic_stats(strategy)
     assert stats["bytes_compressible"] > 0, stats
 
+    if not chief and args.savers == "chief":
+        return
     out = args.out if chief else tempfile.mkdtemp(prefix="export_worker_")
     inputs = x[:16]
     serve_fn = tf.function(lambda v: model(v, training=False))
@@ -156,6 +160,9 @@ def main() -> None:
     train_parser.add_argument("--keras", choices=["tf_keras", "keras3"], required=True)
     train_parser.add_argument("--compression", default="ef_topk")
     train_parser.add_argument("--out", required=True)
+    train_parser.add_argument(
+        "--savers", choices=["all", "chief"], default="all", help="which workers save"
+    )
     args = parser.parse_args()
     if args.command == "serve":
         serve(args.manifest, args.output)
