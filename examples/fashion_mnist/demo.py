@@ -54,6 +54,21 @@ DEMO_SETTINGS: dict[str, list[tuple[str, list[str]]]] = {
         )
     ],
     "randomk": [("randomk 25%", ["--compression", "randomk", "--option", "ratio=0.25"])],
+    "switch": [],  # a schedule of other compressors (CompressionSchedule), not a method
+    "deepreduce": [
+        (
+            "deepreduce topk 1% + EF (varint, qsgd)",
+            [
+                "--compression",
+                "deepreduce",
+                "--option",
+                "index_codec=varint",
+                "--option",
+                "value_codec=qsgd",
+                "--error-feedback",
+            ],
+        )
+    ],
     # ~188 steps by default: warm-up 40, then blocks of 30 sampling + 60 compressed
     "gradiveq": [
         (

@@ -71,7 +71,7 @@ def build_and_train(keras_module, strategy):
     # The monitor makes the model track the compressor state (for checkpoints):
     # the exports below must still leave it out.
     model.fit(X, Y, batch_size=32, epochs=1, verbose=0, callbacks=[CompressionMonitor()])
-    assert getattr(model, STATE_ATTRIBUTE) is tfcompress.distribute.compression_state(strategy)
+    assert getattr(model, STATE_ATTRIBUTE).state is tfcompress.distribute.compression_state(strategy)
     return model
 
 
@@ -204,25 +204,10 @@ def test_no_custom_op_in_the_export(exported, key):
         assert custom == [], f"{key}: custom ops in the exported graph: {custom}"
 
 
-# tf.saved_model.save (which tf-keras' model.save calls) writes the variables
-# after its save context has closed, so CompressionState's check
-# internal.in_saved_model_export() is False there and the state is saved.
-STATE_SAVED = pytest.mark.xfail(
-    strict=True,
-    reason="CompressionState saveable is written into SavedModels by tf.saved_model.save "
-    "(tfcompress/distribute/checkpointing.py)",
-)
-
-
 @pytest.mark.parametrize(
     "key",
-    [
-        pytest.param(k, marks=STATE_SAVED) if k.endswith(("tf_keras_model_save", "tf_saved_model_save"))
-        else k
-        for k in EXPORTS
-        if not k.endswith("keras3_model_save_keras")
-    ],
-)  # fmt: skip
+    [k for k in EXPORTS if not k.endswith("keras3_model_save_keras")],
+)
 def test_no_compressor_state_in_the_export(exported, key):
     path = exported["manifest"][key]["path"]
     assert saved_variables_of_tfcompress(path) == []
@@ -254,12 +239,6 @@ def test_two_workers_chief_exports_and_a_fresh_process_serves(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="with the compressor state tracked, tf.saved_model.save runs the state's "
-    "all-gather (CompressionState._gather) and fails without the other workers "
-    "(tfcompress/distribute/checkpointing.py)",
-)
 def test_two_workers_keras3_chief_alone_exports(tmp_path):
     # Keras 3 needs no collective to save (tf-keras reads its metrics' variables
     # through one, so there every worker must save).

@@ -208,7 +208,9 @@ class CompressingCollectiveAllReduce(internal.CollectiveAllReduce):
         order = list(reversed(range(len(values))))
         start = _timestamp_after([v.values for v in values])
         payloads = {i: bound[i].compress_indexed_slices(values[i]) for i in order}
-        compressed = _timestamp_after([t for p in payloads.values() for t in p.tensors.values()])
+        compressed = _timestamp_after(
+            [t for p in payloads.values() for t in p.tensors.values()], start
+        )
         gathered, sent = self._all_gather_payloads(
             [payloads[i] for i in order], replica_id, options
         )
@@ -218,7 +220,7 @@ class CompressingCollectiveAllReduce(internal.CollectiveAllReduce):
             for i, worker_payloads in zip(order, gathered, strict=True)
         }
         result = [decoded[i] for i in range(len(values))]
-        done = _timestamp_after([r.values for r in result])
+        done = _timestamp_after([r.values for r in result], received)
         for key, b in zip(keys, bound, strict=True):
             self._track_state(key, replica_id, b)
         nbytes = sum(_nbytes(v.values) + _nbytes(v.indices) for v in values)
@@ -251,7 +253,9 @@ class CompressingCollectiveAllReduce(internal.CollectiveAllReduce):
         order = list(reversed(range(len(values))))
         start = _timestamp_after(values)
         payloads: dict[int, Payload] = {i: bound[i].compress(values[i]) for i in order}
-        compressed = _timestamp_after([t for p in payloads.values() for t in p.tensors.values()])
+        compressed = _timestamp_after(
+            [t for p in payloads.values() for t in p.tensors.values()], start
+        )
 
         if bound[0].summable:
             summed, sent = self._all_reduce_payloads(
@@ -271,7 +275,7 @@ class CompressingCollectiveAllReduce(internal.CollectiveAllReduce):
                 for i, worker_payloads in zip(order, gathered, strict=True)
             }
         result = [decoded[i] for i in range(len(values))]
-        done = _timestamp_after(result)
+        done = _timestamp_after(result, received)
         amounts = {
             "bytes_sent": sent,
             "bytes_gathered": tf.constant(0, tf.int64) if bound[0].summable else sent,
@@ -408,11 +412,14 @@ def _divide(value, n: int):
     return value / tf.cast(n, value.dtype)
 
 
-def _timestamp_after(tensors: list[tf.Tensor]) -> tf.Tensor | None:
+def _timestamp_after(tensors: list, earlier: tf.Tensor | None = None) -> tf.Tensor | None:
     """Wall-clock seconds (float64) once every tensor of ``tensors`` is computed.
 
-    ``None`` when the op library is unavailable (nothing is timed then).
+    ``earlier`` (a previous reading) is an input too, so the two readings are
+    ordered. ``None`` when the op library is unavailable (nothing is timed).
     """
+    if earlier is not None:
+        tensors = [*tensors, earlier]
     return timing.wall_clock_after(tensors)
 
 

@@ -55,6 +55,29 @@ def track_compression_state(model, strategy: tf.distribute.Strategy | None = Non
             f"this model's strategy is {type(strategy).__name__}"
         )
     state = _strategy.compression_state(strategy)
-    if getattr(model, STATE_ATTRIBUTE, None) is not state:
-        setattr(model, STATE_ATTRIBUTE, state)
+    holder = getattr(model, STATE_ATTRIBUTE, None)
+    if not isinstance(holder, _CheckpointOnly) or holder.state is not state:
+        setattr(model, STATE_ATTRIBUTE, _CheckpointOnly(state))
     return state
+
+
+class _CheckpointOnly(tf.__internal__.tracking.Trackable):
+    """Holds the state for checkpoints and hides it from SavedModel exports.
+
+    A SavedModel is for serving (and is often written by the chief alone,
+    where gathering every worker's state would wait for the others), so the
+    holder has no children when TensorFlow saves a SavedModel.
+    """
+
+    def __init__(self, state):
+        self.state = state
+
+    def _trackable_children(self, save_type="checkpoint", **kwargs):
+        del kwargs
+        if str(getattr(save_type, "value", save_type)) == "savedmodel":
+            return {}
+        return {"state": self.state}
+
+    def _lookup_dependency(self, name, cached_dependencies=None):
+        del cached_dependencies
+        return self.state if name == "state" else None
