@@ -633,6 +633,33 @@ def _corrupted(op: str, condition: tf.Tensor, *parts: str | tf.Tensor) -> _Check
     return _require(condition, lambda: [f"{op}: corrupted payload: ", *parts])
 
 
+def _check_index_set(op: str, indices: tf.Tensor, dense_length: tf.Tensor) -> _Checks:
+    """An encoder's input checks: ``dense_length`` first, then (behind it) the indices."""
+    with tf.control_dependencies(_check_dense_length(op, dense_length)):
+        return _check_indices(op, indices, dense_length)
+
+
+def _check_bit_array(
+    op: str, data: tf.Tensor, num_bits: tf.Tensor, kind: str, unit: str
+) -> _Checks:
+    """``data`` is exactly ``ceil(num_bits / 8)`` bytes and its bits past ``num_bits`` are zero.
+
+    The messages read "a <kind> of <num_bits> <unit>s has ..." and "padding
+    bits after <unit> <num_bits> ...".
+    """
+    expected = (num_bits + 7) // 8
+    got = tf.size(data, out_type=tf.int64)
+    checks = _corrupted(
+        op, tf.equal(got, expected), f"a {kind} of ", num_bits, f" {unit}s has ", expected,
+        " bytes, got ", got,
+    )  # fmt: skip
+    with tf.control_dependencies(checks):
+        return _corrupted(
+            op, _padding_is_zero(data, num_bits), f"padding bits after {unit} ", num_bits,
+            " are not zero",
+        )  # fmt: skip
+
+
 def _pack_bit_stream(bits: tf.Tensor) -> tf.Tensor:
     """A 0/1 vector -> bytes, stream bit j = bit j % 8 of byte j // 8, zero padding."""
     bits = tf.cast(bits, tf.int32)
@@ -722,9 +749,7 @@ def _raw_word_bytes(dense_length: tf.Tensor) -> tf.Tensor:
 
 def _raw_encode(indices: tf.Tensor, dense_length: tf.Tensor) -> tf.Tensor:
     op = "RawEncode"
-    with tf.control_dependencies(_check_dense_length(op, dense_length)):
-        checks = _check_indices(op, indices, dense_length)
-    with tf.control_dependencies(checks):
+    with tf.control_dependencies(_check_index_set(op, indices, dense_length)):
         shifts = tf.range(0, 64, 8, dtype=tf.int64)
         grid = tf.bitwise.bitwise_and(
             tf.bitwise.right_shift(indices[:, None], shifts[None, :]), 255
@@ -765,9 +790,7 @@ def _raw_decode(data: tf.Tensor, dense_length: tf.Tensor) -> tf.Tensor:
 
 def _bitmap_encode_reference(indices: tf.Tensor, dense_length: tf.Tensor) -> tf.Tensor:
     op = "BitmapEncode"
-    with tf.control_dependencies(_check_dense_length(op, dense_length)):
-        checks = _check_indices(op, indices, dense_length)
-    with tf.control_dependencies(checks):
+    with tf.control_dependencies(_check_index_set(op, indices, dense_length)):
         num_bytes = (dense_length + 7) // 8
         bits = tf.scatter_nd(
             indices[:, None], tf.ones_like(indices, tf.int32), tf.reshape(8 * num_bytes, [1])
@@ -778,22 +801,9 @@ def _bitmap_encode_reference(indices: tf.Tensor, dense_length: tf.Tensor) -> tf.
 def _bitmap_decode_reference(data: tf.Tensor, dense_length: tf.Tensor) -> tf.Tensor:
     op = "BitmapDecode"
     with tf.control_dependencies(_check_dense_length(op, dense_length)):
-        expected = (dense_length + 7) // 8
-        got = tf.size(data, out_type=tf.int64)
-        checks = _corrupted(
-            op, tf.equal(got, expected), "a bitmap of ", dense_length, " positions has ",
-            expected, " bytes, got ", got,
-        )  # fmt: skip
+        checks = _check_bit_array(op, data, dense_length, "bitmap", "position")
     with tf.control_dependencies(checks):
         bits = _unpack_bit_stream(data)
-        checks = _corrupted(
-            op,
-            tf.reduce_all(tf.equal(_tail(bits, dense_length), 0)),
-            "padding bits after position ",
-            dense_length,
-            " are not zero",
-        )
-    with tf.control_dependencies(checks):
         return tf.reshape(tf.where(tf.not_equal(bits, 0)), [-1])
 
 
@@ -802,9 +812,7 @@ def _bitmap_decode_reference(data: tf.Tensor, dense_length: tf.Tensor) -> tf.Ten
 
 def _run_length_encode_reference(indices: tf.Tensor, dense_length: tf.Tensor) -> tf.Tensor:
     op = "RunLengthEncode"
-    with tf.control_dependencies(_check_dense_length(op, dense_length)):
-        checks = _check_indices(op, indices, dense_length)
-    with tf.control_dependencies(checks):
+    with tf.control_dependencies(_check_index_set(op, indices, dense_length)):
         r = tf.size(indices)
         sentinel = tf.constant([-2], tf.int64)
         previous = tf.concat([sentinel, indices], 0)[:r]
@@ -896,9 +904,7 @@ def _run_length_decode_reference(data: tf.Tensor, dense_length: tf.Tensor) -> tf
 
 def _varint_encode_reference(indices: tf.Tensor, dense_length: tf.Tensor) -> tf.Tensor:
     op = "VarintEncode"
-    with tf.control_dependencies(_check_dense_length(op, dense_length)):
-        checks = _check_indices(op, indices, dense_length)
-    with tf.control_dependencies(checks):
+    with tf.control_dependencies(_check_index_set(op, indices, dense_length)):
         previous = tf.concat([tf.constant([-1], tf.int64), indices], 0)[: tf.size(indices)]
         count = tf.reshape(tf.size(indices, out_type=tf.int64), [1])
         gaps = tf.cast(tf.concat([count, indices - previous - 1], 0), tf.uint64)
@@ -999,17 +1005,7 @@ def _bloom_query_reference(
     with tf.control_dependencies(_check_dense_length(op, dense_length)):
         checks = _check_bloom_parameters(op, num_bits, num_hashes)
     with tf.control_dependencies(checks):
-        expected = (num_bits + 7) // 8
-        got = tf.size(filter_bits, out_type=tf.int64)
-        checks = _corrupted(
-            op, tf.equal(got, expected), "a filter of ", num_bits, " bits has ", expected,
-            " bytes, got ", got,
-        )  # fmt: skip
-    with tf.control_dependencies(checks):
-        checks = _corrupted(
-            op, _padding_is_zero(filter_bits, num_bits), "padding bits after bit ", num_bits,
-            " are not zero",
-        )  # fmt: skip
+        checks = _check_bit_array(op, filter_bits, num_bits, "filter", "bit")
     with tf.control_dependencies(checks):
         chunk = tf.maximum(_QUERY_CHUNK_ELEMENTS // num_hashes, 1)
         chunks = (dense_length + chunk - 1) // chunk
