@@ -71,7 +71,9 @@ def build_and_train(keras_module, strategy):
     # The monitor makes the model track the compressor state (for checkpoints):
     # the exports below must still leave it out.
     model.fit(X, Y, batch_size=32, epochs=1, verbose=0, callbacks=[CompressionMonitor()])
-    assert getattr(model, STATE_ATTRIBUTE).state is tfcompress.distribute.compression_state(strategy)
+    assert getattr(model, STATE_ATTRIBUTE).state is tfcompress.distribute.compression_state(
+        strategy
+    )
     return model
 
 
