@@ -28,6 +28,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/cc/kernel_checks.h"
 #include "common/cc/op_prefix.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
@@ -41,29 +42,6 @@ namespace tfcompress {
 using CPUDevice = Eigen::ThreadPoolDevice;
 
 namespace {
-
-template <typename... Args>
-absl::Status InvalidArgument(const Args&... args) {
-  return absl::InvalidArgumentError(absl::StrCat(args...));
-}
-
-absl::Status CheckScalar(const char* op, const char* what,
-                         const Tensor& tensor) {
-  if (!TensorShapeUtils::IsScalar(tensor.shape())) {
-    return InvalidArgument(op, ": `", what, "` must be a scalar, got shape ",
-                           tensor.shape().DebugString());
-  }
-  return absl::OkStatus();
-}
-
-absl::Status CheckVector(const char* op, const char* what,
-                         const Tensor& tensor) {
-  if (!TensorShapeUtils::IsVector(tensor.shape())) {
-    return InvalidArgument(op, ": `", what, "` must be 1-D, got shape ",
-                           tensor.shape().DebugString());
-  }
-  return absl::OkStatus();
-}
 
 // Reads and checks the scalar `dense_length` input.
 absl::Status ReadDenseLength(const char* op, const Tensor& tensor,

@@ -27,6 +27,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/cc/kernel_checks.h"
 #include "common/cc/op_prefix.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/register_types.h"
@@ -41,11 +42,6 @@ namespace tfcompress {
 using CPUDevice = Eigen::ThreadPoolDevice;
 
 namespace {
-
-template <typename... Args>
-absl::Status InvalidArgument(const Args&... args) {
-  return absl::InvalidArgumentError(absl::StrCat(args...));
-}
 
 constexpr double kFloatMax = std::numeric_limits<float>::max();
 // Leaves per reduction block: one pairwise subtree, summed in a stack buffer.

@@ -38,6 +38,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/cc/kernel_checks.h"
 #include "common/cc/op_prefix.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/register_types.h"
@@ -52,12 +53,6 @@ namespace tfcompress {
 using CPUDevice = Eigen::ThreadPoolDevice;
 
 namespace {
-
-// errors::InvalidArgument is deprecated in favour of this spelling.
-template <typename... Args>
-absl::Status InvalidArgument(const Args&... args) {
-  return absl::InvalidArgumentError(absl::StrCat(args...));
-}
 
 template <typename Bits, typename T>
 inline Bits BitsOf(T value) {
@@ -511,24 +506,6 @@ absl::Status TooManyElements(const char* op, const std::string& tensor_name,
   return InvalidArgument(op, ": tensor `", tensor_name, "` has ", n,
                          " elements; at most ", kMaxSparsifyElements,
                          " are supported (indices are int32)");
-}
-
-absl::Status CheckScalar(const char* op, const char* what,
-                         const Tensor& tensor) {
-  if (!TensorShapeUtils::IsScalar(tensor.shape())) {
-    return InvalidArgument(op, ": `", what, "` must be a scalar, got shape ",
-                           tensor.shape().DebugString());
-  }
-  return absl::OkStatus();
-}
-
-absl::Status CheckVector(const char* op, const char* what,
-                         const Tensor& tensor) {
-  if (!TensorShapeUtils::IsVector(tensor.shape())) {
-    return InvalidArgument(op, ": `", what, "` must be 1-D, got shape ",
-                           tensor.shape().DebugString());
-  }
-  return absl::OkStatus();
 }
 
 template <typename Device, typename T>
