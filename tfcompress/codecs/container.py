@@ -170,16 +170,33 @@ def parse_payload(
     got_length, count, got_width, step, index_length, value_length = (
         fields[i] for i in range(_NUM_INT64_FIELDS)
     )
-    index_names = ", ".join(f"{i} ({n})" for i, n in sorted(known_index_codec_ids.items()))
-    value_names = ", ".join(f"{i} ({n})" for i, n in sorted(known_value_codec_ids.items()))
-    expected_index = known_index_codec_ids.get(index_codec_id, "?")
-    expected_value = known_value_codec_ids.get(value_codec_id, "?")
 
     def prefix() -> str:
         return "DeepReduce payload: corrupted payload: "
 
     def is_one_of(value: tf.Tensor, ids) -> tf.Tensor:
         return tf.reduce_any(tf.equal(value, tf.constant(sorted(ids) or [-1], tf.int64)))
+
+    def codec_checks(
+        kind: str, got: tf.Tensor, expected: int, known: dict[int, str]
+    ) -> list[tf.Operation]:
+        """The ``kind`` ("index" or "value") codec id is a known one and the receiver's."""
+        names = ", ".join(f"{i} ({n})" for i, n in sorted(known.items()))
+        checks = require(
+            is_one_of(got, known),
+            lambda: [prefix(), f"unknown {kind} codec id ", got, f"; known ids: {names}"],
+        )
+        checks += require(
+            tf.equal(got, expected),
+            lambda: [
+                prefix(),
+                f"{kind} codec id ",
+                got,
+                f" does not match this receiver's {kind} codec {expected}"
+                f" ({known.get(expected, '?')})",
+            ],
+        )
+        return checks
 
     checks = require(
         size >= HEADER_BYTES,
@@ -198,32 +215,8 @@ def parse_payload(
         tf.equal(version, VERSION),
         lambda: [prefix(), "unsupported version ", version, f" (this reader knows {VERSION})"],
     )
-    checks += require(
-        is_one_of(index_id, known_index_codec_ids),
-        lambda: [prefix(), "unknown index codec id ", index_id, f"; known ids: {index_names}"],
-    )
-    checks += require(
-        tf.equal(index_id, index_codec_id),
-        lambda: [
-            prefix(),
-            "index codec id ",
-            index_id,
-            f" does not match this receiver's index codec {index_codec_id} ({expected_index})",
-        ],
-    )
-    checks += require(
-        is_one_of(value_id, known_value_codec_ids),
-        lambda: [prefix(), "unknown value codec id ", value_id, f"; known ids: {value_names}"],
-    )
-    checks += require(
-        tf.equal(value_id, value_codec_id),
-        lambda: [
-            prefix(),
-            "value codec id ",
-            value_id,
-            f" does not match this receiver's value codec {value_codec_id} ({expected_value})",
-        ],
-    )
+    checks += codec_checks("index", index_id, index_codec_id, known_index_codec_ids)
+    checks += codec_checks("value", value_id, value_codec_id, known_value_codec_ids)
     checks += require(
         tf.equal(dtype_code, DTYPE_CODES[dtype]),
         lambda: [

@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import tensorflow as tf
@@ -80,6 +81,7 @@ BLOOM_POLICIES = ("p0", "leftmost", "random")
 """False-positive policies of :class:`BloomFilter` (their code in the header is the position)."""
 
 TensorLike = Any
+_Op = Callable[[tf.Tensor, tf.Tensor], tf.Tensor]  # (indices or data, dense_length) -> tensor
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,6 +112,10 @@ class IndexCodec:
     name: ClassVar[str] = ""
     codec_id: ClassVar[int] = 0
     lossless: ClassVar[bool] = True
+    # The encode/decode pair of tfcompress.ops.index_codecs that a codec is
+    # exactly; a codec without one (None) overrides _encode and _decode.
+    _encode_op: ClassVar[_Op | None] = None
+    _decode_op: ClassVar[_Op | None] = None
 
     def encode(
         self, indices: TensorLike, dense_length: TensorLike, seed: TensorLike
@@ -156,10 +162,14 @@ class IndexCodec:
         return {"codec": self.name}
 
     def _encode(self, indices: tf.Tensor, dense_length: tf.Tensor) -> tf.Tensor:
-        raise NotImplementedError
+        if self._encode_op is None:
+            raise NotImplementedError
+        return self._encode_op(indices, dense_length)
 
     def _decode(self, data: tf.Tensor, dense_length: tf.Tensor) -> tf.Tensor:
-        raise NotImplementedError
+        if self._decode_op is None:
+            raise NotImplementedError
+        return self._decode_op(data, dense_length)
 
     def __eq__(self, other: object) -> bool:
         return type(other) is type(self) and other.get_config() == self.get_config()
@@ -178,11 +188,8 @@ class RawIndices(IndexCodec):
     name = "raw"
     codec_id = 1
 
-    def _encode(self, indices: tf.Tensor, dense_length: tf.Tensor) -> tf.Tensor:
-        return _ops.raw_encode(indices, dense_length)
-
-    def _decode(self, data: tf.Tensor, dense_length: tf.Tensor) -> tf.Tensor:
-        return _ops.raw_decode(data, dense_length)
+    _encode_op = staticmethod(_ops.raw_encode)
+    _decode_op = staticmethod(_ops.raw_decode)
 
 
 class Bitmap(IndexCodec):
@@ -194,11 +201,8 @@ class Bitmap(IndexCodec):
     name = "bitmap"
     codec_id = 2
 
-    def _encode(self, indices: tf.Tensor, dense_length: tf.Tensor) -> tf.Tensor:
-        return _ops.bitmap_encode(indices, dense_length)
-
-    def _decode(self, data: tf.Tensor, dense_length: tf.Tensor) -> tf.Tensor:
-        return _ops.bitmap_decode(data, dense_length)
+    _encode_op = staticmethod(_ops.bitmap_encode)
+    _decode_op = staticmethod(_ops.bitmap_decode)
 
 
 class RunLength(IndexCodec):
@@ -213,11 +217,8 @@ class RunLength(IndexCodec):
     name = "runlength"
     codec_id = 3
 
-    def _encode(self, indices: tf.Tensor, dense_length: tf.Tensor) -> tf.Tensor:
-        return _ops.run_length_encode(indices, dense_length)
-
-    def _decode(self, data: tf.Tensor, dense_length: tf.Tensor) -> tf.Tensor:
-        return _ops.run_length_decode(data, dense_length)
+    _encode_op = staticmethod(_ops.run_length_encode)
+    _decode_op = staticmethod(_ops.run_length_decode)
 
 
 class DeltaVarint(IndexCodec):
@@ -230,11 +231,8 @@ class DeltaVarint(IndexCodec):
     name = "varint"
     codec_id = 4
 
-    def _encode(self, indices: tf.Tensor, dense_length: tf.Tensor) -> tf.Tensor:
-        return _ops.varint_encode(indices, dense_length)
-
-    def _decode(self, data: tf.Tensor, dense_length: tf.Tensor) -> tf.Tensor:
-        return _ops.varint_decode(data, dense_length)
+    _encode_op = staticmethod(_ops.varint_encode)
+    _decode_op = staticmethod(_ops.varint_decode)
 
 
 class BloomFilter(IndexCodec):

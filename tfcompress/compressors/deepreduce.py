@@ -251,6 +251,29 @@ class DeepReduce(Compressor):
 
     # -- dense tensors ---------------------------------------------------------------------
 
+    def _pack(
+        self,
+        dtype: tf.DType,
+        dense_length,
+        positions: tf.Tensor,
+        step: tf.Tensor,
+        index_bytes: tf.Tensor,
+        value_bytes: tf.Tensor,
+        **layout,
+    ) -> tf.Tensor:
+        """The payload of this compressor's codecs; ``layout``: ``flags``, ``row_width``."""
+        return container.pack_payload(
+            index_codec_id=self.index_codec.codec_id,
+            value_codec_id=self.value_codec.codec_id,
+            dtype=dtype,
+            dense_length=dense_length,
+            count=tf.size(positions, out_type=tf.int64),
+            step=step,
+            index_bytes=index_bytes,
+            value_bytes=value_bytes,
+            **layout,
+        )
+
     def _select(self, x: tf.Tensor, flat: tf.Tensor, d, step) -> tuple[tf.Tensor, tf.Tensor | None]:
         """Ascending int64 positions chosen by the sparsifier, and the value scale."""
         tensor_name = graph_name(x)
@@ -292,16 +315,7 @@ class DeepReduce(Compressor):
         if scale is not None:
             values = values * scale
         value_bytes = self.value_codec.encode(values, self._value_seed(step))
-        data = container.pack_payload(
-            index_codec_id=self.index_codec.codec_id,
-            value_codec_id=self.value_codec.codec_id,
-            dtype=x.dtype,
-            dense_length=dense_length,
-            count=tf.size(positions, out_type=tf.int64),
-            step=step,
-            index_bytes=encoded.data,
-            value_bytes=value_bytes,
-        )
+        data = self._pack(x.dtype, dense_length, positions, step, encoded.data, value_bytes)
         return Payload(tensors={"bytes": data}, **self._metadata(x))
 
     def _decode(self, data: tf.Tensor, dtype: tf.DType, dense_length, flags: int, row_width):
@@ -385,15 +399,13 @@ class DeepReduce(Compressor):
         value_bytes = self.value_codec.encode(
             tf.cast(tf.reshape(sent, [-1]), tf.float32), self._value_seed(step)
         )
-        data = container.pack_payload(
-            index_codec_id=self.index_codec.codec_id,
-            value_codec_id=self.value_codec.codec_id,
-            dtype=values.dtype,
-            dense_length=rows,
-            count=tf.size(positions, out_type=tf.int64),
-            step=step,
-            index_bytes=encoded.data,
-            value_bytes=value_bytes,
+        data = self._pack(
+            values.dtype,
+            rows,
+            positions,
+            step,
+            encoded.data,
+            value_bytes,
             flags=container.FLAG_INDEXED_SLICES,
             row_width=width,
         )

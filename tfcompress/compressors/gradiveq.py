@@ -690,15 +690,20 @@ class GradiVeQLayer(Compressor):
         return tf.cast(tf.math.floormod(digest, self._modulus - 1) + 1, tf.float32)
 
 
-class _ExactBranch(Compressor):
-    """Branch 0: the gradient itself (summable); records it while sampling."""
+class _Branch(Compressor):
+    """One branch of a GradiVeQ tensor's switch: a compressor bound to the tensor's layer."""
 
-    summable = True
     name = "gradiveq"
 
     def __init__(self, layer: GradiVeQLayer):
         self.layer = layer
         self.supported_dtypes = layer.supported_dtypes
+
+
+class _ExactBranch(_Branch):
+    """Branch 0: the gradient itself (summable); records it while sampling."""
+
+    summable = True
 
     def compress(self, x: tf.Tensor) -> Payload:
         return self.layer.config.compress(x)
@@ -707,15 +712,10 @@ class _ExactBranch(Compressor):
         return self.layer.record(payload.tensors["values"])
 
 
-class _SamplingBranch(Compressor):
+class _SamplingBranch(_Branch):
     """Branch 1 (with a sampling compressor): its payload; records the aggregate."""
 
     summable = False
-    name = "gradiveq"
-
-    def __init__(self, layer: GradiVeQLayer):
-        self.layer = layer
-        self.supported_dtypes = layer.supported_dtypes
 
     def compress(self, x: tf.Tensor) -> Payload:
         return self.layer._sampler.compress(x)
@@ -727,7 +727,7 @@ class _SamplingBranch(Compressor):
         return self.layer.record(self.layer._sampler.aggregate(payloads))
 
 
-class _CompressedBranch(Compressor):
+class _CompressedBranch(_Branch):
     """The last branch: ``U_d^T (g_n - mu/N)`` per pack of slices, summed by all-reduce.
 
     No ``tf.cond``: a degenerate tensor has ``d = 0``, ``U = 0`` and
@@ -737,11 +737,6 @@ class _CompressedBranch(Compressor):
     """
 
     summable = True
-    name = "gradiveq"
-
-    def __init__(self, layer: GradiVeQLayer):
-        self.layer = layer
-        self.supported_dtypes = layer.supported_dtypes
 
     def compress(self, x: tf.Tensor) -> Payload:
         layer = self.layer
