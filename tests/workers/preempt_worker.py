@@ -60,9 +60,7 @@ from tfcompress.compressors import DIANA, QSGD, ErrorFeedback, TopK  # noqa: E40
 
 task = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
 keras.utils.set_random_seed(1)
-# No tf.config.experimental.enable_op_determinism(): tfcompress times its
-# compression with tf.timestamp, which that mode refuses. The ops of this model
-# on CPU and the ring all-reduce of two workers are deterministic without it.
+tf.config.experimental.enable_op_determinism()
 
 compressor = {
     "ef_topk": lambda: ErrorFeedback(TopK(ratio=0.01)),
