@@ -10,6 +10,7 @@ import tensorflow as tf
 from tensorflow.core.util import event_pb2
 
 import tfcompress
+from tests.keras_models import small_conv_net
 from tests.multiworker import run_workers
 from tfcompress.keras import callbacks
 from tfcompress.keras.callbacks import CompressionMonitor
@@ -206,27 +207,10 @@ Y = rng.integers(0, 4, size=128).astype("int32")
 
 
 def build(keras_module, strategy=None, steps_per_execution=1):
-    def make():
-        model = keras_module.Sequential(
-            [
-                keras_module.Input((8, 8, 1)),
-                keras_module.layers.Conv2D(8, 3, activation="relu"),
-                keras_module.layers.Flatten(),
-                keras_module.layers.Dense(4),
-            ]
-        )
-        model.compile(
-            optimizer=keras_module.optimizers.SGD(0.05),
-            loss=keras_module.losses.SparseCategoricalCrossentropy(from_logits=True),
-            metrics=["accuracy"],
-            steps_per_execution=steps_per_execution,
-        )
-        return model
-
     if strategy is None:
-        return make()
+        return small_conv_net(keras_module, 8, steps_per_execution)
     with strategy.scope():
-        return make()
+        return small_conv_net(keras_module, 8, steps_per_execution)
 
 
 class TrafficReference:

@@ -20,6 +20,7 @@ import tensorflow as tf
 from tensorflow.core.protobuf import saved_model_pb2
 
 import tfcompress
+from tests.keras_models import small_conv_net
 from tests.multiworker import ROOT, WORKERS, run_workers
 from tfcompress import ops
 from tfcompress.keras.callbacks import CompressionMonitor
@@ -55,19 +56,7 @@ INPUTS = X[:16]
 
 def build_and_train(keras_module, strategy):
     with strategy.scope():
-        model = keras_module.Sequential(
-            [
-                keras_module.Input((10, 10, 1)),
-                keras_module.layers.Conv2D(8, 3, activation="relu"),
-                keras_module.layers.Flatten(),
-                keras_module.layers.Dense(4),
-            ]
-        )
-        model.compile(
-            optimizer=keras_module.optimizers.SGD(0.05),
-            loss=keras_module.losses.SparseCategoricalCrossentropy(from_logits=True),
-            metrics=["accuracy"],
-        )
+        model = small_conv_net(keras_module, 10)
     # The monitor makes the model track the compressor state (for checkpoints):
     # the exports below must still leave it out.
     model.fit(X, Y, batch_size=32, epochs=1, verbose=0, callbacks=[CompressionMonitor()])

@@ -82,6 +82,7 @@ def train(args) -> None:
         import keras  # noqa: PLC0415
 
     import tfcompress  # noqa: PLC0415
+    from tests.keras_models import small_conv_net  # noqa: PLC0415
     from tfcompress.keras.callbacks import CompressionMonitor  # noqa: PLC0415
 
     compression = {
@@ -104,19 +105,7 @@ def train(args) -> None:
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
     dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(batch).with_options(options)
     with strategy.scope():
-        model = keras.Sequential(
-            [
-                keras.Input((12, 12, 1)),
-                keras.layers.Conv2D(8, 3, activation="relu"),
-                keras.layers.Flatten(),
-                keras.layers.Dense(4),
-            ]
-        )
-        model.compile(
-            optimizer=keras.optimizers.SGD(0.05),
-            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-            metrics=["accuracy"],
-        )
+        model = small_conv_net(keras, 12)
     model.fit(dataset, epochs=2, verbose=0, callbacks=[CompressionMonitor()])
     stats = tfcompress.distribute.traffic_stats(strategy)
     assert stats["bytes_compressible"] > 0, stats

@@ -33,6 +33,7 @@ else:
     import keras  # noqa: E402
 
 import tfcompress  # noqa: E402
+from tests.keras_models import small_conv_net  # noqa: E402
 from tfcompress.keras.callbacks import CompressionMonitor  # noqa: E402
 
 compression = {
@@ -56,19 +57,7 @@ validation = tf.data.Dataset.from_tensor_slices((x[:32], y[:32])).batch(batch)
 validation = validation.with_options(options)
 
 with strategy.scope():
-    model = keras.Sequential(
-        [
-            keras.Input((12, 12, 1)),
-            keras.layers.Conv2D(8, 3, activation="relu"),
-            keras.layers.Flatten(),
-            keras.layers.Dense(4),
-        ]
-    )
-    model.compile(
-        optimizer=keras.optimizers.SGD(0.05),
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        metrics=["accuracy"],
-    )
+    model = small_conv_net(keras, 12)
 
 
 class TrainingTraffic(keras.callbacks.Callback):
