@@ -28,6 +28,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/cc/blocks.h"
 #include "common/cc/kernel_checks.h"
 #include "common/cc/op_prefix.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -146,24 +147,6 @@ uint64_t ReadUint64(const uint8_t* in) {
 
 constexpr int64_t kMinBlockSize = int64_t{1} << 14;
 
-struct Blocks {
-  int64_t n;
-  int64_t size;
-  int64_t count;
-  int64_t Begin(int64_t block) const { return block * size; }
-  int64_t End(int64_t block) const { return std::min(n, (block + 1) * size); }
-};
-
-Blocks MakeBlocks(OpKernelContext* context, int64_t n) {
-  const int64_t threads =
-      context->device()->tensorflow_cpu_worker_threads()->num_threads;
-  const int64_t wanted = std::max<int64_t>(
-      1, std::min<int64_t>((n + kMinBlockSize - 1) / kMinBlockSize,
-                           4 * threads));
-  const int64_t size = std::max<int64_t>(1, (n + wanted - 1) / wanted);
-  return {n, size, std::max<int64_t>(1, (n + size - 1) / size)};
-}
-
 // Runs work(block, begin, end) for every block on the CPU thread pool and
 // concatenates the positions each block found, in block order.
 void CollectInBlocks(
@@ -172,7 +155,7 @@ void CollectInBlocks(
     std::vector<int64_t>* out) {
   out->clear();
   if (n == 0) return;
-  const Blocks blocks = MakeBlocks(context, n);
+  const Blocks blocks = MakeBlocks(context, n, kMinBlockSize);
   std::vector<std::vector<int64_t>> found(blocks.count);
   const auto* workers = context->device()->tensorflow_cpu_worker_threads();
   // The cost is only a scheduling hint; capped so that it cannot overflow.

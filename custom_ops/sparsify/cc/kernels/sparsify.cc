@@ -38,6 +38,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/cc/blocks.h"
 #include "common/cc/kernel_checks.h"
 #include "common/cc/op_prefix.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -164,24 +165,6 @@ typename Magnitude<T>::Key ThresholdKey(double t) {
 
 constexpr int64_t kMinBlockSize = int64_t{1} << 15;
 
-struct Blocks {
-  int64_t n;
-  int64_t size;
-  int64_t count;
-  int64_t Begin(int64_t block) const { return block * size; }
-  int64_t End(int64_t block) const { return std::min(n, (block + 1) * size); }
-};
-
-Blocks MakeBlocks(OpKernelContext* context, int64_t n) {
-  const int64_t threads =
-      context->device()->tensorflow_cpu_worker_threads()->num_threads;
-  const int64_t wanted = std::max<int64_t>(
-      1, std::min<int64_t>((n + kMinBlockSize - 1) / kMinBlockSize,
-                           4 * threads));
-  const int64_t size = std::max<int64_t>(1, (n + wanted - 1) / wanted);
-  return {n, size, std::max<int64_t>(1, (n + size - 1) / size)};
-}
-
 Blocks BlocksOfSize(int64_t n, int64_t size) {
   return {n, size, std::max<int64_t>(1, (n + size - 1) / size)};
 }
@@ -203,7 +186,7 @@ void ForEachBlock(OpKernelContext* context, const Blocks& blocks,
 int64_t FirstWhere(OpKernelContext* context, int64_t n,
                    const std::function<bool(int64_t)>& bad) {
   if (n == 0) return -1;
-  const Blocks blocks = MakeBlocks(context, n);
+  const Blocks blocks = MakeBlocks(context, n, kMinBlockSize);
   std::vector<int64_t> first(blocks.count, -1);
   ForEachBlock(context, blocks, 2,
                [&](int64_t block, int64_t begin, int64_t end) {
@@ -248,7 +231,7 @@ int64_t SelectLargest(OpKernelContext* context, int64_t n, int64_t k,
   constexpr int kShift =
       kKeyBits > kHistogramBits ? kKeyBits - kHistogramBits : 0;
   constexpr int64_t kBins = int64_t{1} << (kKeyBits - kShift);
-  const Blocks blocks = MakeBlocks(context, n);
+  const Blocks blocks = MakeBlocks(context, n, kMinBlockSize);
 
   // 1. Histograms of the top bits, and the finiteness check.
   std::vector<uint32_t> histograms(blocks.count * kBins, 0);
@@ -371,7 +354,7 @@ struct ThresholdSelect<CPUDevice, T> {
     const int64_t n = x.size();
     const T* in = x.data();
     const typename M::Key threshold_key = ThresholdKey<T>(threshold);
-    const Blocks blocks = MakeBlocks(context, n);
+    const Blocks blocks = MakeBlocks(context, n, kMinBlockSize);
     ThresholdPlan plan;
     plan.block_size = blocks.size;
     plan.block_counts.assign(blocks.count, 0);
