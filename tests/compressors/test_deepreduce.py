@@ -319,3 +319,19 @@ def test_two_worker_embedding_trains_with_indexed_slices_encoded(tmp_path):
     assert stats["bytes_compressible"] > 0
     assert stats["bytes_sent"] < stats["bytes_uncompressed"]
     assert result["loss"][-1] < 2.3  # below chance level (ln 10 = 2.30)
+
+
+def test_bloom_false_positive_rate_is_reported_within_its_bound():
+    from tfcompress.compressors.state import TensorContext
+
+    compressor = DeepReduce(TopK(ratio=0.05), index_codec="bloom", fpr=0.05).bind(
+        TensorContext(key="g", shape=tf.TensorShape([20000]), dtype=tf.float32)
+    )
+    assert compressor.metrics() == {}
+    x = tf.random.stateless_normal([20000], seed=[4, 2])
+    compressor.compress(x)
+    rate = float(compressor.metrics()["bloom_false_positive_rate"])
+    assert 0.5 * 0.05 < rate < 1.5 * 0.05  # 19,000 negatives: the target rate within noise
+    exact = DeepReduce(TopK(ratio=0.05), index_codec="varint")
+    exact.compress(x)
+    assert exact.metrics() == {}

@@ -213,6 +213,7 @@ class DeepReduce(Compressor):
         self._known_value_ids[int(self.value_codec.codec_id)] = self.value_codec.name
         self._context = TensorContext()
         self._step: tf.Variable | None = None
+        self._false_positive_rate: tf.Variable | None = None
 
     # -- state ------------------------------------------------------------------------------
 
@@ -220,7 +221,36 @@ class DeepReduce(Compressor):
         bound = copy.copy(self)
         bound._context = context
         bound._step = self._new_step(context)
+        bound._false_positive_rate = None
         return bound
+
+    def metrics(self) -> dict[str, tf.Tensor]:
+        """``bloom_false_positive_rate`` of the last encoded tensor (lossy index codecs).
+
+        The fraction of the ``d - r`` unselected positions that the decoder
+        reports as selected (P0 sends their real values; leftmost and random
+        send them instead of some true ones).
+        """
+        if self._false_positive_rate is None:
+            return {}
+        return {"bloom_false_positive_rate": self._false_positive_rate.read_value()}
+
+    def _record_false_positives(self, indices: tf.Tensor, positions: tf.Tensor, d) -> None:
+        if self.index_codec.lossless:
+            return
+        if self._false_positive_rate is None:
+            self._false_positive_rate = local_variable(
+                lambda: tf.constant(0.0), "deepreduce_false_positive_rate", self._context.device
+            )
+        indices = tf.cast(indices, tf.int64)
+        found = tf.searchsorted(indices, positions)
+        padded = tf.concat([indices, [-1]], 0)
+        true_positions = tf.reduce_sum(
+            tf.cast(tf.equal(tf.gather(padded, found), positions), tf.float32)
+        )
+        false_positions = tf.cast(tf.size(positions), tf.float32) - true_positions
+        negatives = tf.cast(d, tf.float32) - tf.cast(tf.size(indices), tf.float32)
+        self._false_positive_rate.assign(false_positions / tf.maximum(negatives, 1.0))
 
     @staticmethod
     def _new_step(context: TensorContext) -> tf.Variable:
@@ -311,6 +341,7 @@ class DeepReduce(Compressor):
         dense_length = tf.cast(d, tf.int64)
         encoded = self.index_codec.encode(indices, dense_length, self._index_seed(step))
         positions = tf.cast(encoded.positions, tf.int64)
+        self._record_false_positives(indices, positions, d)
         values = tf.cast(tf.gather(flat, positions), tf.float32)
         if scale is not None:
             values = values * scale
