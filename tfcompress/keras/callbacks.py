@@ -192,8 +192,10 @@ class CompressionMonitor(keras.callbacks.Callback):
             track_compression_state(model)
 
     def on_train_begin(self, logs=None):
-        self.strategy = _tfcompress_strategy_of(self.model)
         from tfcompress import distribute  # noqa: PLC0415 - tfcompress.distribute imports this package
+        from tfcompress.keras.state import tfcompress_strategy_of  # noqa: PLC0415
+
+        self.strategy = tfcompress_strategy_of(self.model, "CompressionMonitor")
 
         strategy = self.strategy
         self._window = _TrafficWindow(
@@ -406,21 +408,6 @@ class _ScalarWriter:
 
 def _summable(compressor) -> bool:
     return compressor is None or bool(compressor.summable)
-
-
-def _tfcompress_strategy_of(model):
-    """The strategy ``model`` trains under; ValueError unless tfcompress made it."""
-    from tfcompress.distribute import is_compressed_strategy  # noqa: PLC0415 - import cycle
-
-    strategy = getattr(model, "distribute_strategy", None) or tf.distribute.get_strategy()
-    if not is_compressed_strategy(strategy):
-        raise ValueError(
-            "CompressionMonitor needs a model built and compiled under a tfcompress strategy "
-            "(tfcompress.distribute.MultiWorkerMirroredStrategy or MirroredStrategy, inside "
-            f"strategy.scope()); this model trains under {type(strategy).__name__}, which "
-            "has no compression to monitor"
-        )
-    return strategy
 
 
 def _optimizer_step(model) -> int:

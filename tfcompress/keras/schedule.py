@@ -9,7 +9,7 @@ from collections.abc import Mapping
 import keras
 
 from tfcompress.compressors import Compressor, Identity, Switch, registry
-from tfcompress.keras.state import strategy_of, track_compression_state
+from tfcompress.keras.state import tfcompress_strategy_of, track_compression_state
 
 __all__ = ["CompressionSchedule", "PhasePlan"]
 
@@ -162,13 +162,7 @@ class CompressionSchedule(keras.callbacks.Callback):
         super().set_model(model)
         from tfcompress import distribute  # noqa: PLC0415 - distribute imports tfcompress.keras
 
-        strategy = strategy_of(model)
-        if not distribute.is_compressed_strategy(strategy):
-            raise ValueError(
-                "CompressionSchedule needs a model compiled under a tfcompress strategy "
-                f"(tfcompress.distribute.*Strategy); this model trains under "
-                f"{type(strategy).__name__}"
-            )
+        strategy = tfcompress_strategy_of(model, "CompressionSchedule")
         compressor = distribute.compression_of(strategy)
         if not isinstance(compressor, Switch):
             if compressor is None:

@@ -6,7 +6,12 @@ import tensorflow as tf
 
 from tfcompress.distribute import strategy as _strategy
 
-__all__ = ["STATE_ATTRIBUTE", "strategy_of", "track_compression_state"]
+__all__ = [
+    "STATE_ATTRIBUTE",
+    "strategy_of",
+    "tfcompress_strategy_of",
+    "track_compression_state",
+]
 
 #: Name of the model attribute (and checkpoint dependency) holding the state.
 STATE_ATTRIBUTE = "tfcompress_compression_state"
@@ -18,6 +23,26 @@ def strategy_of(model) -> tf.distribute.Strategy:
     if strategy is None:
         strategy = getattr(model, "_distribute_strategy", None)
     return strategy or tf.distribute.get_strategy()
+
+
+def tfcompress_strategy_of(model, user: str) -> tf.distribute.Strategy:
+    """The tfcompress strategy ``model`` trains under.
+
+    Args:
+      model: a Keras model (tf-keras or Keras 3).
+      user: who needs it, for the error message (e.g. ``"CompressionMonitor"``).
+
+    Raises:
+      ValueError: when the model's strategy was not made by tfcompress.
+    """
+    strategy = strategy_of(model)
+    if not _strategy.is_compressed_strategy(strategy):
+        raise ValueError(
+            f"{user} needs a model built and compiled under a tfcompress strategy "
+            "(tfcompress.distribute.MultiWorkerMirroredStrategy or MirroredStrategy, inside "
+            f"strategy.scope()); this model trains under {type(strategy).__name__}"
+        )
+    return strategy
 
 
 def track_compression_state(model, strategy: tf.distribute.Strategy | None = None):
@@ -47,12 +72,11 @@ def track_compression_state(model, strategy: tf.distribute.Strategy | None = Non
     Raises:
       ValueError: when the strategy is not a tfcompress strategy.
     """
-    strategy = strategy or strategy_of(model)
-    if not _strategy.is_compressed_strategy(strategy):
+    if strategy is None:
+        strategy = tfcompress_strategy_of(model, "track_compression_state")
+    elif not _strategy.is_compressed_strategy(strategy):
         raise ValueError(
-            "track_compression_state needs a model trained under a tfcompress strategy "
-            "(tfcompress.distribute.MultiWorkerMirroredStrategy or MirroredStrategy); "
-            f"this model's strategy is {type(strategy).__name__}"
+            f"track_compression_state needs a tfcompress strategy, got {type(strategy).__name__}"
         )
     state = _strategy.compression_state(strategy)
     holder = getattr(model, STATE_ATTRIBUTE, None)
