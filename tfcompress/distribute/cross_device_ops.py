@@ -205,33 +205,15 @@ class CompressingCollectiveAllReduce(internal.CollectiveAllReduce):
         bound = [
             self.bound_compressor(key, replica_id, v) for key, v in zip(keys, values, strict=True)
         ]
-        order = list(reversed(range(len(values))))
-        start = _timestamp_after([v.values for v in values])
-        payloads = {i: bound[i].compress_indexed_slices(values[i]) for i in order}
-        compressed = _timestamp_after(
-            [t for p in payloads.values() for t in p.tensors.values()], start
-        )
-        gathered, sent = self._all_gather_payloads(
-            [payloads[i] for i in order], replica_id, options
-        )
-        received = _timestamp_after([t for ps in gathered for p in ps for t in p.tensors.values()])
-        decoded = {
-            i: bound[i].aggregate_indexed_slices(worker_payloads)
-            for i, worker_payloads in zip(order, gathered, strict=True)
-        }
-        result = [decoded[i] for i in range(len(values))]
-        done = _timestamp_after([r.values for r in result], received)
+        result, amounts = self._sum_payloads(bound, values, replica_id, options, sparse=True)
         for key, b in zip(keys, bound, strict=True):
             self._track_state(key, replica_id, b)
         nbytes = sum(_nbytes(v.values) + _nbytes(v.indices) for v in values)
         self.counters.add(
-            bytes_sent=sent,
-            bytes_gathered=sent,
             bytes_uncompressed=nbytes,
             bytes_compressible=nbytes,
             aggregations=len(values),
-            compress_seconds=_elapsed(start, compressed),
-            decompress_seconds=_elapsed(received, done),
+            **amounts,
         )
         return result
 
@@ -241,23 +223,36 @@ class CompressingCollectiveAllReduce(internal.CollectiveAllReduce):
             self.state.track(entry_name(key), replica_id, owner.variables)
 
     def _sum_payloads(
-        self, bound: list[Compressor], values: list[tf.Tensor], replica_id: int, options
-    ) -> tuple[list[tf.Tensor], dict[str, tf.Tensor]]:
+        self,
+        bound: list[Compressor],
+        values: list,
+        replica_id: int,
+        options,
+        sparse: bool = False,
+    ) -> tuple[list, dict[str, tf.Tensor]]:
         """compress -> collective -> decompress for one batch.
 
-        Returns the decoded sums and the amounts for the traffic counters
-        (bytes sent, measured compress and decompress seconds).
+        With ``sparse`` the values are ``tf.IndexedSlices``, encoded by
+        ``compress_indexed_slices`` and combined by ``aggregate_indexed_slices``
+        on the all-gather path. Returns the decoded sums and the amounts for
+        the traffic counters (bytes sent and gathered, measured compress and
+        decompress seconds).
         """
+        dense = (lambda v: v.values) if sparse else (lambda v: v)
         # Like TensorFlow, launch in reverse order: the last layers' gradients are
         # ready first in backprop, so their collectives can start earliest.
         order = list(reversed(range(len(values))))
-        start = _timestamp_after(values)
-        payloads: dict[int, Payload] = {i: bound[i].compress(values[i]) for i in order}
+        start = _timestamp_after([dense(v) for v in values])
+        payloads: dict[int, Payload] = {
+            i: (bound[i].compress_indexed_slices if sparse else bound[i].compress)(values[i])
+            for i in order
+        }
         compressed = _timestamp_after(
             [t for p in payloads.values() for t in p.tensors.values()], start
         )
 
-        if bound[0].summable:
+        summable = bound[0].summable and not sparse
+        if summable:
             summed, sent = self._all_reduce_payloads(
                 [payloads[i] for i in order], replica_id, options
             )
@@ -271,14 +266,14 @@ class CompressingCollectiveAllReduce(internal.CollectiveAllReduce):
                 [t for ps in gathered for p in ps for t in p.tensors.values()]
             )
             decoded = {
-                i: bound[i].aggregate(worker_payloads)
-                for i, worker_payloads in zip(order, gathered, strict=True)
+                i: (bound[i].aggregate_indexed_slices if sparse else bound[i].aggregate)(ps)
+                for i, ps in zip(order, gathered, strict=True)
             }
         result = [decoded[i] for i in range(len(values))]
-        done = _timestamp_after(result, received)
+        done = _timestamp_after([dense(r) for r in result], received)
         amounts = {
             "bytes_sent": sent,
-            "bytes_gathered": tf.constant(0, tf.int64) if bound[0].summable else sent,
+            "bytes_gathered": tf.constant(0, tf.int64) if summable else sent,
             "compress_seconds": _elapsed(start, compressed),
             "decompress_seconds": _elapsed(received, done),
         }
