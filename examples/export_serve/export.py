@@ -11,8 +11,8 @@ The chief writes into ``--out``:
   tf-keras ``model.save`` with ``--keras tf_keras``), servable by
   ``tf.saved_model.load`` or TensorFlow Serving;
 * ``model.keras`` (Keras 3 only): the Keras native format;
-* ``reference.npz``: test images, their labels and the trained model's
-  predictions, which ``serve.py`` must reproduce.
+* ``reference.npz``: test images, their labels, the trained model's
+  predictions and its weights, which ``serve.py`` must reproduce.
 
 Every worker saves, as TensorFlow's multi-worker saving guide asks (saving may
 read synchronised variables through collectives); the other workers write to a
@@ -105,7 +105,8 @@ else:
     model.save(os.path.join(out, "model.keras"))
 
 # The reference goes through the same traced graph a server runs (no eager
-# kernels), so the served predictions must match it bit for bit.
+# kernels); another process may still pick other CPU kernels, hence serve.py's
+# few-ulp tolerance on predictions and its exact comparison of the weights.
 images = x_test[: args.reference_size]
 predict = tf.function(lambda x: model(x, training=False))
 np.savez(
@@ -113,6 +114,7 @@ np.savez(
     images=images,
     labels=y_test[: args.reference_size],
     logits=predict(tf.constant(images)).numpy(),
+    **{f"weight{i}": w for i, w in enumerate(model.get_weights())},
 )
 if not chief:
     shutil.rmtree(out)

@@ -94,6 +94,8 @@ def test_export_then_serve_without_tfcompress(tmp_path):
         env={**os.environ, **ENV},
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "| saved_model (tf.saved_model.load) | 0 | True |" in proc.stdout
-    assert "| model.keras (keras.saving.load_model) | 0 | True |" in proc.stdout
+    # same weights bit for bit; predictions within a few ulps (another process)
+    assert "| saved_model (tf.saved_model.load) | True |" in proc.stdout
+    assert "| model.keras (keras.saving.load_model) | True |" in proc.stdout
     assert "tfcompress custom ops in the exported graph: none" in proc.stdout
+    assert "OK: served without tfcompress, same weights" in proc.stdout

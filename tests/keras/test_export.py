@@ -5,6 +5,11 @@ In process: tf-keras and Keras 3 models trained under a 2-replica tfcompress
 so that the model tracks the compressor state) are saved in every format; one
 fresh process, in which ``import tfcompress`` fails, loads them all and
 predicts. Then real 2-worker runs in which the chief exports.
+
+"Predicts the same" means: the loaded model computes with weights bit-identical
+to the trained ones, and its predictions match the training process's within
+a few ulps (``tests/numerics.py``: another process may pick other kernels, so
+bit-identity of the outputs is not something TensorFlow promises).
 """
 
 import json
@@ -22,6 +27,7 @@ from tensorflow.core.protobuf import saved_model_pb2
 import tfcompress
 from tests.keras_models import small_conv_net
 from tests.multiworker import ROOT, WORKERS, run_workers
+from tests.numerics import assert_same_predictions
 from tfcompress import ops
 from tfcompress.keras.callbacks import CompressionMonitor
 from tfcompress.keras.state import STATE_ATTRIBUTE
@@ -112,7 +118,7 @@ def exported(tmp_path_factory, kernel_library):
 
     root = tmp_path_factory.mktemp("exports")
     np.save(root / "inputs.npy", INPUTS)
-    manifest, references, train_ops = [], {}, {}
+    manifest, references, weights, train_ops = [], {}, {}, {}
     with ops.implementation("kernel"):
         for name, make in COMPRESSORS.items():
             for flavour, keras_module in (("tf_keras", tf_keras), ("keras3", keras)):
@@ -149,10 +155,26 @@ def exported(tmp_path_factory, kernel_library):
                         }
                     )
                     references[key] = reference
+                    weights[key] = model.get_weights()
     (root / "manifest.json").write_text(json.dumps(manifest))
     served = serve_without_tfcompress(root / "manifest.json", root / "served.npz")
     return {"manifest": {e["name"]: e for e in manifest}, "references": references,
-            "served": served, "train_ops": train_ops}  # fmt: skip
+            "weights": weights, "served": served, "train_ops": train_ops}  # fmt: skip
+
+
+def served_weights(served: dict[str, np.ndarray], name: str) -> list[np.ndarray]:
+    """The weights the serving process read from export ``name`` (``NAME:weight<i>``)."""
+    count = sum(1 for k in served if k.startswith(f"{name}:weight"))
+    return [served[f"{name}:weight{i}"] for i in range(count)]
+
+
+def assert_serves_the_trained_model(served, name, reference, weights) -> None:
+    """The same weights bit for bit, and the same predictions within a few ulps."""
+    got = served_weights(served, name)
+    assert len(got) == len(weights), f"{name}: {len(got)} weights served, {len(weights)} trained"
+    for i, (g, w) in enumerate(zip(got, weights, strict=True)):
+        np.testing.assert_array_equal(g, w, err_msg=f"{name}: weight {i}")
+    assert_same_predictions(served[name], reference, name=name)
 
 
 def serve_without_tfcompress(manifest, output) -> dict[str, np.ndarray]:
@@ -179,10 +201,14 @@ def test_training_graph_used_the_custom_kernels(exported):
 
 @pytest.mark.parametrize("key", EXPORTS)
 def test_serves_without_tfcompress_and_predicts_the_same(exported, key):
-    served, reference = exported["served"], exported["references"][key]
-    np.testing.assert_array_equal(served[key], reference)
+    served, reference, weights = (
+        exported["served"],
+        exported["references"][key],
+        exported["weights"][key],
+    )
+    assert_serves_the_trained_model(served, key, reference, weights)
     if key.endswith("tf_keras_model_save"):
-        np.testing.assert_array_equal(served[key + ":load_model"], reference)
+        assert_serves_the_trained_model(served, key + ":load_model", reference, weights)
 
 
 @pytest.mark.parametrize("key", EXPORTS)
@@ -204,6 +230,13 @@ def test_no_compressor_state_in_the_export(exported, key):
     assert saved_variables_of_tfcompress(path) == []
 
 
+def chief_reference(directory) -> tuple[np.ndarray, list[np.ndarray]]:
+    """The chief's reference predictions and trained weights (export_worker.py train)."""
+    with np.load(directory / "weights.npz") as data:
+        weights = [data[f"arr_{i}"] for i in range(len(data.files))]
+    return np.load(directory / "reference.npy"), weights
+
+
 @pytest.mark.slow
 def test_two_workers_chief_exports_and_a_fresh_process_serves(tmp_path):
     run_workers(
@@ -220,13 +253,14 @@ def test_two_workers_chief_exports_and_a_fresh_process_serves(tmp_path):
         "model_save",
         "reference.npy",
         "tf_saved_model",
+        "weights.npz",
     ]
     served = serve_without_tfcompress(tmp_path / "manifest.json", tmp_path / "served.npz")
-    reference = np.load(tmp_path / "reference.npy")
+    reference, weights = chief_reference(tmp_path)
     for entry in manifest:
         assert not any(t.startswith(PREFIX) for t in saved_model_op_types(entry["path"]))
-        np.testing.assert_array_equal(served[entry["name"]], reference)
-    np.testing.assert_array_equal(served["model_save:load_model"], reference)
+        assert_serves_the_trained_model(served, entry["name"], reference, weights)
+    assert_serves_the_trained_model(served, "model_save:load_model", reference, weights)
 
 
 @pytest.mark.slow
@@ -242,6 +276,6 @@ def test_two_workers_keras3_chief_alone_exports(tmp_path):
     )
     manifest = json.loads((tmp_path / "manifest.json").read_text())
     served = serve_without_tfcompress(tmp_path / "manifest.json", tmp_path / "served.npz")
-    reference = np.load(tmp_path / "reference.npy")
+    reference, weights = chief_reference(tmp_path)
     for entry in manifest:
-        np.testing.assert_array_equal(served[entry["name"]], reference)
+        assert_serves_the_trained_model(served, entry["name"], reference, weights)

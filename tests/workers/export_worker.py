@@ -13,7 +13,8 @@ Two commands:
 ``export_worker.py serve MANIFEST OUTPUT``
     A fresh process in which ``import tfcompress`` fails: loads every export
     listed in MANIFEST, predicts on its inputs, and writes the predictions to
-    OUTPUT (an .npz keyed by export name).
+    OUTPUT (an .npz keyed by export name), with the weights each loaded
+    model computes with (keys ``NAME:weight0``, ``NAME:weight1``, ...).
 
 Manifest: a JSON list of ``{"name", "kind", "path", "inputs"}`` with kind one of
 ``saved_model`` (``tf.saved_model.load``, signature ``serving_default``),
@@ -47,23 +48,34 @@ def serve(manifest_path: str, output: str) -> None:
     with open(manifest_path) as f:
         manifest = json.load(f)
     predictions = {}
+
+    def served(name, prediction, weights):
+        predictions[name] = prediction
+        for i, w in enumerate(weights):
+            predictions[f"{name}:weight{i}"] = w
+
     for entry in manifest:
         inputs = np.load(entry["inputs"])
         if entry["kind"] in ("saved_model", "tf_keras_saved_model"):
             loaded = tf.saved_model.load(entry["path"])
-            outputs = loaded.signatures["serving_default"](tf.constant(inputs))
-            (prediction,) = outputs.values()
-            predictions[entry["name"]] = prediction.numpy()
+            signature = loaded.signatures["serving_default"]
+            (prediction,) = signature(tf.constant(inputs)).values()
+            # The variables the serving function computes with, in capture order.
+            served(entry["name"], prediction.numpy(), [v.numpy() for v in signature.variables])
             if entry["kind"] == "tf_keras_saved_model":
                 import tf_keras  # noqa: PLC0415
 
                 model = tf_keras.models.load_model(entry["path"])
-                predictions[entry["name"] + ":load_model"] = model.predict(inputs, verbose=0)
+                served(
+                    entry["name"] + ":load_model",
+                    model.predict(inputs, verbose=0),
+                    model.get_weights(),
+                )
         elif entry["kind"] == "keras_file":
             import keras  # noqa: PLC0415
 
             model = keras.saving.load_model(entry["path"])
-            predictions[entry["name"]] = model.predict(inputs, verbose=0)
+            served(entry["name"], model.predict(inputs, verbose=0), model.get_weights())
         else:
             raise ValueError(f"unknown export kind {entry['kind']!r} of {entry['name']!r}")
     np.savez(output, **predictions)
@@ -132,6 +144,7 @@ def train(args) -> None:
         return
     np.save(os.path.join(out, "inputs.npy"), inputs)
     np.save(os.path.join(out, "reference.npy"), reference)
+    np.savez(os.path.join(out, "weights.npz"), *model.get_weights())
     for entry in manifest:
         entry["path"] = os.path.join(out, entry["name"])
         entry["inputs"] = os.path.join(out, "inputs.npy")
