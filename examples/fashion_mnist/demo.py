@@ -118,6 +118,9 @@ def main(argv=None) -> int:
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--keras", choices=["keras3", "tf_keras"], default="keras3")
     parser.add_argument("--only", nargs="*", help="labels to run (default: all)")
+    parser.add_argument(
+        "--seed", type=int, default=1, help="initialisation and shuffling seed of every run"
+    )
     parser.add_argument("--timeout", type=float, default=600, help="seconds per training run")
     parser.add_argument("--out", default=None, help="folder for results.json and results.md")
     args = parser.parse_args(argv)
@@ -141,6 +144,8 @@ def main(argv=None) -> int:
             str(args.train_size),
             "--batch-size",
             str(args.batch_size),
+            "--seed",
+            str(args.seed),
             "--result",
             str(result_file),
         ]

@@ -1,11 +1,15 @@
 """DeepReduce: conformance, exactness against TopK, IndexedSlices, bad payloads, strategy."""
 
+import json
+
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import tfcompress
 from tests.compressors.conformance import CompressorConformance, random_tensor
+from tests.multiworker import run_workers
+from tests.numerics import record_training, training_seed
 from tfcompress.codecs import container
 from tfcompress.compressors import DeepReduce, ErrorFeedback, RandomK, Threshold, TopK
 
@@ -284,40 +288,81 @@ def test_mirrored_aggregation_is_the_sum_of_decoded_payloads():
 # --- real 2-worker training ------------------------------------------------------------------
 
 
-def _train(tmp_path, variant, *extra):
-    import json
+_runs: dict[tuple[str, ...], dict] = {}
 
-    from tests.multiworker import run_workers
 
-    out = tmp_path / variant
-    out.mkdir()
-    run_workers("deepreduce_worker.py", ["--variant", variant, "--out", str(out), *extra])
-    results = [json.loads((out / f"worker{i}.json").read_text()) for i in range(2)]
-    assert results[0]["checksum"] == results[1]["checksum"]  # identical models
-    return results[0]
+def _train(tmp_path_factory, variant, *extra):
+    """One 2-worker run of tests/workers/deepreduce_worker.py (cached per arguments)."""
+    args = ("--variant", variant, "--seed", str(training_seed()), *extra)
+    if args not in _runs:
+        out = tmp_path_factory.mktemp(variant)
+        run_workers("deepreduce_worker.py", [*args, "--out", str(out)])
+        results = [json.loads((out / f"worker{i}.json").read_text()) for i in range(2)]
+        assert results[0]["checksum"] == results[1]["checksum"]  # identical models
+        _runs[args] = results[0]
+    return _runs[args]
 
 
 @pytest.mark.slow
-def test_two_worker_fit_matches_topk_accuracy(tmp_path):
-    """ErrorFeedback(DeepReduce(TopK 1%, Bloom P0, raw values)) vs ErrorFeedback(TopK 1%)."""
-    topk = _train(tmp_path, "topk", "--steps", "60")
-    deepreduce = _train(tmp_path, "deepreduce", "--steps", "60", "--value-codec", "raw")
-    print("accuracy: topk", topk["accuracy"], "deepreduce", deepreduce["accuracy"])
-    assert topk["accuracy"] > 0.6  # it learned
-    assert deepreduce["accuracy"] >= topk["accuracy"] - 0.01
+def test_two_worker_fit_with_lossless_codecs_is_topk_bit_for_bit(tmp_path_factory):
+    """EF(DeepReduce(TopK 1%, varint indices, raw values)) trains exactly as EF(TopK 1%).
+
+    The codecs are lossless, so every step aggregates the same sparse gradient
+    and the two runs follow one trajectory: compared exactly, on whatever
+    processor runs them (unlike accuracies across processors).
+    """
+    topk = _train(tmp_path_factory, "topk", "--steps", "60")
+    lossless = _train(tmp_path_factory, "deepreduce", "--steps", "60", "--index-codec", "varint")
+    assert lossless["loss"] == topk["loss"]
+    assert lossless["checksum"] == topk["checksum"]
+    assert lossless["accuracy"] == topk["accuracy"]
+    # delta-varint indices + raw values: less than TopK's 8 bytes per entry
+    assert lossless["stats"]["bytes_sent"] < topk["stats"]["bytes_sent"]
+
+
+# From the spread measured over 10 runs (seeds and oneDNN instruction sets,
+# scripts/training_spread.py; README, "What the tests assert about accuracy"):
+# TopK reached 0.62 to 0.69, and Bloom P0 minus TopK was -0.088 to +0.061;
+# the margin is 1.5 times the largest deficit, rounded up to 0.01.
+LEARNED_ACCURACY = 0.4
+BLOOM_ACCURACY_MARGIN = 0.14
+
+
+@pytest.mark.slow
+def test_two_worker_fit_with_bloom_p0_trains_like_topk(tmp_path_factory):
+    """EF(DeepReduce(TopK 1%, Bloom P0, raw values)) vs EF(TopK 1%), 60 steps.
+
+    P0 sends the real value at every false positive too, so it keeps all that
+    TopK keeps and a little more; the trajectories still differ, and a 60-step
+    run in the steep part of learning magnifies the kernels' rounding.
+    """
+    topk = _train(tmp_path_factory, "topk", "--steps", "60")
+    bloom = _train(tmp_path_factory, "deepreduce", "--steps", "60", "--value-codec", "raw")
+    print("accuracy: topk", topk["accuracy"], "deepreduce", bloom["accuracy"])
+    record_training("deepreduce/topk learned", topk["accuracy"], lower=LEARNED_ACCURACY)
+    record_training(
+        "deepreduce/bloom p0 - topk",
+        bloom["accuracy"] - topk["accuracy"],
+        lower=-BLOOM_ACCURACY_MARGIN,
+        accuracy=bloom["accuracy"],
+        baseline=topk["accuracy"],
+    )
+    assert topk["accuracy"] > LEARNED_ACCURACY  # 10 classes: chance is 0.1
+    assert bloom["accuracy"] >= topk["accuracy"] - BLOOM_ACCURACY_MARGIN
     # Bloom P0 indices + raw values: less than TopK's 8 bytes per entry
-    assert deepreduce["stats"]["bytes_sent"] < topk["stats"]["bytes_sent"]
+    assert bloom["stats"]["bytes_sent"] < topk["stats"]["bytes_sent"]
 
 
 @pytest.mark.slow
-def test_two_worker_embedding_trains_with_indexed_slices_encoded(tmp_path):
-    result = _train(tmp_path, "embedding", "--steps", "40")
+def test_two_worker_embedding_trains_with_indexed_slices_encoded(tmp_path_factory):
+    result = _train(tmp_path_factory, "embedding", "--steps", "40")
     stats = result["stats"]
     print("embedding run:", stats, "loss", result["loss"])
     # The embedding table (2000 x 16 float32) is the only tensor above min_size:
     # its IndexedSlices went through DeepReduce.
     assert stats["bytes_compressible"] > 0
     assert stats["bytes_sent"] < stats["bytes_uncompressed"]
+    record_training("deepreduce/embedding loss", result["loss"][-1], upper=2.3)
     assert result["loss"][-1] < 2.3  # below chance level (ln 10 = 2.30)
 
 

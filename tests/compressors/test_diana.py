@@ -13,6 +13,7 @@ import tensorflow as tf
 import tfcompress
 from tests.compressors.conformance import SHAPES, CompressorConformance, random_tensor
 from tests.multiworker import ROOT, run_workers
+from tests.numerics import record_training, training_seed
 from tfcompress.compressors import ErrorFeedback, Identity, TensorContext, payload_nbytes
 from tfcompress.compressors import diana as diana_module
 from tfcompress.compressors.diana import DIANA
@@ -532,7 +533,8 @@ def test_docstring_examples():
 def test_model_fit_on_two_workers_keeps_h_identical(tmp_path, keras_flavour):
     run_workers(
         "diana_worker.py",
-        ["--keras", keras_flavour, "--steps", "8", "--epochs", "3", "--out", str(tmp_path)],
+        ["--keras", keras_flavour, "--steps", "8", "--epochs", "3", "--out", str(tmp_path)]
+        + ["--seed", str(training_seed())],
         timeout=300,
     )
     workers = [np.load(tmp_path / f"worker{i}.npz") for i in range(2)]
@@ -550,6 +552,8 @@ def test_model_fit_on_two_workers_keeps_h_identical(tmp_path, keras_flavour):
     for a, b in zip(*weights, strict=True):
         np.testing.assert_array_equal(a, b)
     loss = json.loads(str(workers[0]["history"]))["loss"]
+    # 0.43 to 0.48 over 10 runs (seeds and oneDNN instruction sets)
+    record_training(f"diana/{keras_flavour} last/first epoch loss", loss[-1] / loss[0], upper=0.6)
     assert loss[-1] < 0.6 * loss[0]
 
 

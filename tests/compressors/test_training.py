@@ -2,10 +2,18 @@
 
 Fashion-MNIST (4,096 training images, 3 epochs) through
 examples/fashion_mnist/train.py; biased compressors run inside ErrorFeedback.
-Each must reach a test accuracy within its margin of the uncompressed run
-(MARGIN, or MARGINS[name] where 96 steps are too few for the method to catch
-up: sign compression with error feedback starts slower under Adam; measured
-0.665 vs 0.743 uncompressed).
+Each must reach a test accuracy within its margin of the uncompressed run.
+
+The margins are not tight claims but what holds on any processor: 96 steps
+end in the steep part of learning, where the trajectory depends on the seed
+and on the CPU's kernels (oneDNN picks them by instruction set). Measured with
+scripts/training_spread.py over 10 runs (seeds 1-6 with the machine's AVX2
+kernels, seeds 1-3 with oneDNN capped at SSE4.1, seed 4 at AVX): compressed
+minus uncompressed accuracy was -0.011 to -0.078 for every compressor but
+SignSGD, and -0.067 to -0.178 for SignSGD with error feedback (sign
+compression starts slowly under Adam). Each margin is 1.5 times the largest
+deficit measured, rounded up to 0.01. ``TFCOMPRESS_TEST_SEED`` changes the
+seed (README, "What the tests assert about accuracy").
 """
 
 import json
@@ -14,12 +22,13 @@ import sys
 import pytest
 
 from tests.multiworker import ROOT
+from tests.numerics import record_training, training_seed
 from tfcompress.launch import launch
 
 pytestmark = pytest.mark.slow
 
-MARGIN = 0.06
-MARGINS = {"signsgd+ef": 0.10}
+MARGIN = 0.12
+MARGINS = {"signsgd+ef": 0.27}
 CONFIGS = {
     "none": ["--compression", "none"],
     "qsgd-4bit": ["--compression", "qsgd", "--option", "bits=4", "--option", "seed=1"],
@@ -45,6 +54,8 @@ def train(name, tmp_path_factory) -> dict:
             "3",
             "--batch-size",
             "128",
+            "--seed",
+            str(training_seed()),
             "--result",
             str(out),
         ]
@@ -62,5 +73,13 @@ def test_accuracy_near_uncompressed(name, tmp_path_factory):
         f"{name}: accuracy {result['test_accuracy']:.4f} vs {baseline['test_accuracy']:.4f} "
         f"uncompressed; ratio {result['compression_ratio']:.2f}x"
     )
-    assert result["test_accuracy"] >= baseline["test_accuracy"] - MARGINS.get(name, MARGIN)
+    margin = MARGINS.get(name, MARGIN)
+    record_training(
+        f"training/{name} - none",
+        result["test_accuracy"] - baseline["test_accuracy"],
+        lower=-margin,
+        accuracy=result["test_accuracy"],
+        baseline=baseline["test_accuracy"],
+    )
+    assert result["test_accuracy"] >= baseline["test_accuracy"] - margin
     assert result["compression_ratio"] > 1.5

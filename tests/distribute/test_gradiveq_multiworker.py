@@ -21,6 +21,7 @@ import tensorflow as tf
 import tfcompress
 from tests.distribute.test_mirrored import local, make, reduce_on_devices
 from tests.multiworker import ROOT, WORKERS, run_workers
+from tests.numerics import record_training, training_seed
 from tfcompress.compressors import GradiVeQ
 from tfcompress.launch import launch
 
@@ -82,6 +83,7 @@ def test_keras_fit_in_process_switches_and_trains():
     """model.fit on 2 in-process replicas with the phases of a short schedule."""
     compressor = GradiVeQ(warmup_steps=2, sampling_steps=3, compressed_steps=3)
     strategy = make(compressor, min_size=256)
+    tf.keras.utils.set_random_seed(training_seed())
     rng = np.random.default_rng(0)
     x = rng.normal(size=(256, 8, 8, 1)).astype("float32")
     y = (x.mean(axis=(1, 2, 3)) > 0).astype("int32")
@@ -112,7 +114,10 @@ def test_keras_fit_in_process_switches_and_trains():
     assert 0.99 <= metrics["gradiveq_kept_energy"] <= 1.0
     assert 1 <= metrics["gradiveq_components"] <= 3 * 3  # d_cap = L_t * S = 3 * 3 (conv 2)
     assert np.isfinite(history.history["loss"]).all()
-    assert history.history["loss"][-1] < history.history["loss"][0]
+    loss = history.history["loss"]
+    # 0.93 to 0.97 over seeds 1-8 (the oneDNN instruction set changed nothing here)
+    record_training("gradiveq/in-process last/first epoch loss", loss[-1] / loss[0], upper=1.0)
+    assert loss[-1] < loss[0]
 
 
 # -- real workers ---------------------------------------------------------------------------

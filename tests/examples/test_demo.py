@@ -8,8 +8,14 @@ import sys
 import pytest
 
 from tests.multiworker import ROOT
+from tests.numerics import record_training, training_seed
 
 pytestmark = pytest.mark.slow
+
+# 32 steps: both runs reached 0.54 to 0.68 over 10 runs (seeds and oneDNN
+# instruction sets, scripts/training_spread.py; README, "What the tests assert
+# about accuracy"). The check is that they learned: 4 times chance.
+LEARNED_ACCURACY = 0.4
 
 
 def test_demo_prints_table(tmp_path):
@@ -28,6 +34,8 @@ def test_demo_prints_table(tmp_path):
             "64",
             "--timeout",
             "240",
+            "--seed",
+            str(training_seed()),
             "--out",
             str(tmp_path),
         ],
@@ -46,4 +54,5 @@ def test_demo_prints_table(tmp_path):
     assert 1.8 < half["compression_ratio"] < 2.0
     assert half["bytes_uncompressed_per_step"] == exact["bytes_uncompressed_per_step"]
     for r in results.values():
-        assert 0.5 < r["test_accuracy"] <= 1.0  # 10 classes: chance is 0.1
+        record_training(f"demo/{r['label']} learned", r["test_accuracy"], lower=LEARNED_ACCURACY)
+        assert LEARNED_ACCURACY < r["test_accuracy"] <= 1.0  # 10 classes: chance is 0.1

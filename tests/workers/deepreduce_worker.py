@@ -1,16 +1,17 @@
 """One worker of a 2-worker DeepReduce training run, started by the tests' harness.
 
-Usage: deepreduce_worker.py --variant {topk,deepreduce,embedding} [--value-codec NAME]
-                            --steps N --out DIR
+Usage: deepreduce_worker.py --variant {topk,deepreduce,embedding} [--index-codec NAME]
+                            [--value-codec NAME] [--seed S] --steps N --out DIR
 
 * ``topk``: ErrorFeedback(TopK(0.01)) on a small CNN, Fashion-MNIST;
-* ``deepreduce``: ErrorFeedback(DeepReduce(TopK(0.01), index "bloom" P0,
-  value ``--value-codec``)) on the same model, data, seed and steps;
+* ``deepreduce``: ErrorFeedback(DeepReduce(TopK(0.01), index ``--index-codec``
+  (default "bloom", policy P0), value ``--value-codec``)) on the same model,
+  data, seed and steps;
 * ``embedding``: DeepReduce(index "varint", value "raw") on a model whose first
   layer is an Embedding, so its gradient arrives as IndexedSlices.
 
-Writes DIR/worker<i>.json: test accuracy (computed locally on the test
-subset), the loss history, the traffic counters and a weights checksum.
+Writes DIR/worker<i>.json: test accuracy and loss (computed locally on the
+test subset), the loss history, the traffic counters and a weights checksum.
 """
 
 import argparse
@@ -20,9 +21,11 @@ import sys
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--variant", choices=["topk", "deepreduce", "embedding"], required=True)
+parser.add_argument("--index-codec", default="bloom")
 parser.add_argument("--value-codec", default="raw")
 parser.add_argument("--steps", type=int, default=60)
 parser.add_argument("--batch", type=int, default=64, help="global batch size")
+parser.add_argument("--seed", type=int, default=1, help="weight initialisation seed")
 parser.add_argument("--out", required=True)
 args = parser.parse_args()
 
@@ -36,7 +39,7 @@ import tfcompress  # noqa: E402
 from tfcompress.compressors import DeepReduce, ErrorFeedback, TopK  # noqa: E402
 
 task = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
-keras.utils.set_random_seed(1)
+keras.utils.set_random_seed(args.seed)
 
 if args.variant == "topk":
     compression = ErrorFeedback(TopK(ratio=0.01))
@@ -44,8 +47,8 @@ elif args.variant == "deepreduce":
     compression = ErrorFeedback(
         DeepReduce(
             TopK(ratio=0.01),
-            index_codec="bloom",
-            policy="p0",
+            index_codec=args.index_codec,
+            policy="p0" if args.index_codec == "bloom" else None,
             value_codec=args.value_codec,
             seed=5,
         )
@@ -104,11 +107,15 @@ dataset = (
 history = model.fit(dataset, epochs=1, verbose=2)
 logits = model.predict(x_test, batch_size=500, verbose=0)
 accuracy = float(np.mean(np.argmax(logits, axis=1) == y_test))
+test_loss = float(
+    keras.losses.SparseCategoricalCrossentropy(from_logits=True)(y_test.astype("int32"), logits)
+)
 weights = model.get_weights()
 with open(os.path.join(args.out, f"worker{task}.json"), "w") as f:
     json.dump(
         {
             "accuracy": accuracy,
+            "test_loss": test_loss,
             "loss": [float(v) for v in history.history["loss"]],
             "stats": tfcompress.distribute.traffic_stats(strategy),
             "checksum": float(sum(np.abs(w).sum() for w in weights)),

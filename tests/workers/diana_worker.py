@@ -18,6 +18,7 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--keras", choices=["tf_keras", "keras3"], required=True)
 parser.add_argument("--steps", type=int, default=8)
 parser.add_argument("--epochs", type=int, default=3)
+parser.add_argument("--seed", type=int, default=1, help="weight initialisation seed")
 parser.add_argument("--out", required=True)
 args = parser.parse_args()
 
@@ -37,7 +38,7 @@ from tfcompress.compressors.diana import DIANA  # noqa: E402
 from tfcompress.compressors.pquant import PQuant  # noqa: E402
 
 task = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
-keras.utils.set_random_seed(1)
+keras.utils.set_random_seed(args.seed)
 tf.config.experimental.enable_op_determinism()
 
 compressor = DIANA(PQuant(p=2, block_size=64, seed=7))
