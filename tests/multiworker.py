@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import signal
 import sys
 
 import numpy as np
@@ -36,6 +37,18 @@ def run_workers(script: str, args: list[str], num_workers: int = 2, timeout: flo
         f"timed out: {result.timed_out})\n{result.format_logs()}"
     )
     return result
+
+
+def default_termination_signals() -> None:
+    """A ``preexec_fn``: SIGINT, SIGTERM and SIGHUP at their default dispositions.
+
+    Ignored signals survive exec: a shell without job control starts background
+    jobs with SIGINT ignored, ``nohup`` and some CI runners ignore SIGHUP, and
+    the launcher rightly leaves alone a signal it finds ignored. Tests that
+    signal a launcher start it as a terminal would.
+    """
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_DFL)
 
 
 def load_worker_outputs(out_dir: os.PathLike, num_workers: int = 2) -> list[dict]:

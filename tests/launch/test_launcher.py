@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.multiworker import default_termination_signals
 from tfcompress.cli import main as cli_main
 from tfcompress.launch import LaunchResult, free_ports, launch, make_tf_config
 from tfcompress.launch import launcher as launcher_module
@@ -334,9 +335,7 @@ def test_signal_to_launcher_stops_workers(signum):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        # A shell without job control starts background jobs with SIGINT ignored;
-        # give the launcher Python's usual Ctrl-C behaviour regardless.
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        preexec_fn=default_termination_signals,
     )
     try:
         pids = []

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.multiworker import default_termination_signals
 from tfcompress.cli import main as cli_main
 from tfcompress.launch import NetnsError, launch, netns
 
@@ -381,7 +382,7 @@ def test_signal_to_launcher_removes_namespaces(signum):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        preexec_fn=default_termination_signals,
     )
     try:
         pids = []
