@@ -72,6 +72,7 @@ def headroom(row: dict) -> float:
 
 
 def claim(row: dict) -> str:
+    """What the test asserts on the figure, e.g. ``>= -0.12`` or ``< 0.6``."""
     return f">= {row['lower']:g}" if row.get("lower") is not None else f"< {row['upper']:g}"
 
 

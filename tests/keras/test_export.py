@@ -162,15 +162,15 @@ def exported(tmp_path_factory, kernel_library):
             "weights": weights, "served": served, "train_ops": train_ops}  # fmt: skip
 
 
-def served_weights(served: dict[str, np.ndarray], name: str) -> list[np.ndarray]:
-    """The weights the serving process read from export ``name`` (``NAME:weight<i>``)."""
-    count = sum(1 for k in served if k.startswith(f"{name}:weight"))
-    return [served[f"{name}:weight{i}"] for i in range(count)]
+def numbered_weights(arrays, prefix: str) -> list[np.ndarray]:
+    """The arrays keyed ``<prefix>weight0``, ``<prefix>weight1``, ... in order."""
+    count = sum(1 for k in arrays if k.startswith(f"{prefix}weight"))
+    return [arrays[f"{prefix}weight{i}"] for i in range(count)]
 
 
 def assert_serves_the_trained_model(served, name, reference, weights) -> None:
     """The same weights bit for bit, and the same predictions within a few ulps."""
-    got = served_weights(served, name)
+    got = numbered_weights(served, f"{name}:")
     assert len(got) == len(weights), f"{name}: {len(got)} weights served, {len(weights)} trained"
     for i, (g, w) in enumerate(zip(got, weights, strict=True)):
         np.testing.assert_array_equal(g, w, err_msg=f"{name}: weight {i}")
@@ -233,7 +233,7 @@ def test_no_compressor_state_in_the_export(exported, key):
 def chief_reference(directory) -> tuple[np.ndarray, list[np.ndarray]]:
     """The chief's reference predictions and trained weights (export_worker.py train)."""
     with np.load(directory / "weights.npz") as data:
-        weights = [data[f"arr_{i}"] for i in range(len(data.files))]
+        weights = numbered_weights(data, "")
     return np.load(directory / "reference.npy"), weights
 
 

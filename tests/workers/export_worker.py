@@ -8,7 +8,8 @@ Two commands:
     With ``--savers all`` every worker saves (the chief into DIR, the others
     into a temporary directory they delete, as TensorFlow's multi-worker saving
     guide does); with ``--savers chief`` only the chief does. The chief also
-    writes DIR/manifest.json and the inputs and reference predictions next to it.
+    writes DIR/manifest.json and, next to it, the inputs, the reference
+    predictions and the trained weights (``weights.npz``: ``weight0``, ...).
 
 ``export_worker.py serve MANIFEST OUTPUT``
     A fresh process in which ``import tfcompress`` fails: loads every export
@@ -144,7 +145,10 @@ def train(args) -> None:
         return
     np.save(os.path.join(out, "inputs.npy"), inputs)
     np.save(os.path.join(out, "reference.npy"), reference)
-    np.savez(os.path.join(out, "weights.npz"), *model.get_weights())
+    np.savez(
+        os.path.join(out, "weights.npz"),
+        **{f"weight{i}": w for i, w in enumerate(model.get_weights())},
+    )
     for entry in manifest:
         entry["path"] = os.path.join(out, entry["name"])
         entry["inputs"] = os.path.join(out, "inputs.npy")
