@@ -35,7 +35,7 @@ from collections.abc import Iterable
 
 import tensorflow as tf
 
-from tfcompress.ops._checks import require
+from tfcompress.ops.checks import require
 
 __all__ = [
     "DTYPE_CODES",

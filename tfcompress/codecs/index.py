@@ -60,7 +60,7 @@ from typing import Any, ClassVar
 import tensorflow as tf
 
 from tfcompress.ops import index_codecs as _ops
-from tfcompress.ops._checks import require as _require
+from tfcompress.ops.checks import require as _require
 from tfcompress.ops.sparsify import random_k_indices
 
 __all__ = [

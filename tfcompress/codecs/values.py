@@ -42,7 +42,7 @@ import tensorflow as tf
 
 from tfcompress.ops import bitpack, quantize
 from tfcompress.ops import value_codecs as deflate_ops
-from tfcompress.ops._checks import invalid_argument, require
+from tfcompress.ops.checks import invalid_argument, require
 
 __all__ = [
     "VALUE_CODECS",

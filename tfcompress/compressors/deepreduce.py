@@ -37,7 +37,7 @@ from tfcompress.compressors.topk import (
     _payload_num_elements,
     selected_count,
 )
-from tfcompress.ops._checks import require
+from tfcompress.ops.checks import require
 from tfcompress.ops.sparsify import (
     MAX_ELEMENTS,
     graph_name,

@@ -20,6 +20,8 @@ import hashlib
 
 import tensorflow as tf
 
+from tfcompress import _internal
+
 __all__ = ["TensorContext", "local_variable", "stateless_seed"]
 
 
@@ -55,9 +57,7 @@ def local_variable(initial_value, name: str, device: str | None = None) -> tf.Va
       name: variable name.
       device: where the variable lives (default: the current device).
     """
-    from tfcompress.distribute import _tf_internal  # noqa: PLC0415 - avoids an import cycle
-
-    return _tf_internal.worker_local_variable(initial_value, name=name, device=device)
+    return _internal.worker_local_variable(initial_value, name=name, device=device)
 
 
 def _mix(*parts) -> int:

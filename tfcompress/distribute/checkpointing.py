@@ -29,7 +29,7 @@ import re
 import numpy as np
 import tensorflow as tf
 
-from tfcompress.distribute import _tf_internal as internal
+from tfcompress import _internal as internal
 
 __all__ = ["CompressionState"]
 

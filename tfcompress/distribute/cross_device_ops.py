@@ -21,7 +21,7 @@ import tensorflow as tf
 
 from tfcompress.compressors.base import Compressor, Payload, Schedule
 from tfcompress.compressors.state import TensorContext
-from tfcompress.distribute import _tf_internal as internal
+from tfcompress import _internal as internal
 from tfcompress.distribute.accounting import TrafficCounters
 from tfcompress.distribute.checkpointing import CompressionState, entry_name
 from tfcompress.distribute.policy import CompressionPolicy

@@ -28,8 +28,8 @@ from typing import Any
 import tensorflow as tf
 
 from tfcompress.ops import _loader
-from tfcompress.ops._checks import invalid_argument as _invalid_argument
-from tfcompress.ops._checks import require as _require
+from tfcompress.ops.checks import invalid_argument as _invalid_argument
+from tfcompress.ops.checks import require as _require
 
 __all__ = [
     "MAX_BITS",

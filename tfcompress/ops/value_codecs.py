@@ -24,7 +24,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfcompress.ops import _loader
-from tfcompress.ops._checks import invalid_argument as _invalid_argument
+from tfcompress.ops.checks import invalid_argument as _invalid_argument
 
 __all__ = [
     "DEFAULT_LEVEL",

@@ -5,7 +5,7 @@ import re
 
 import tensorflow as tf
 
-from tfcompress.distribute import _tf_internal as internal
+from tfcompress import _internal as internal
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[2] / "tfcompress"
 
