@@ -19,9 +19,9 @@ from collections.abc import Sequence
 
 import tensorflow as tf
 
+from tfcompress import _internal as internal
 from tfcompress.compressors.base import Compressor, Payload, Schedule
 from tfcompress.compressors.state import TensorContext
-from tfcompress import _internal as internal
 from tfcompress.distribute.accounting import TrafficCounters
 from tfcompress.distribute.checkpointing import CompressionState, entry_name
 from tfcompress.distribute.policy import CompressionPolicy

@@ -7,9 +7,9 @@ from collections.abc import Sequence
 
 import tensorflow as tf
 
+from tfcompress import _internal as internal
 from tfcompress.compressors import registry
 from tfcompress.compressors.base import Compressor
-from tfcompress import _internal as internal
 from tfcompress.distribute.checkpointing import CompressionState
 from tfcompress.distribute.cross_device_ops import CompressingCollectiveAllReduce
 from tfcompress.distribute.policy import CompressionPolicy
