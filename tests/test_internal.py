@@ -1,29 +1,155 @@
-"""TensorFlow's private distribute API is used from one module only."""
+"""TensorFlow's and Keras' private API is used from tfcompress/_internal.py only, and still exists.
 
+The source test reads every other module's syntax tree (not its text, so
+docstrings and comments may name private things) and reports:
+
+* imports of private modules (``tensorflow.python``, ``tensorflow.core``,
+  ``keras.src``, any TensorFlow/Keras module below the top-level packages);
+* ``__internal__`` namespaces (``tf.__internal__``);
+* reads of private attributes that tfcompress does not define itself
+  (``strategy.extended._cross_device_ops``, ``model._distribute_strategy``,
+  the inherited ``self._devices`` of a TensorFlow subclass);
+* private methods that override a TensorFlow/Keras class's private hook
+  (``_all_reduce``, ``_gather_saveables_for_checkpoint``,
+  tf-keras' ``_implements_train_batch_hooks``).
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
 import pathlib
-import re
 
+import pytest
 import tensorflow as tf
 
 from tfcompress import _internal as internal
 
-PACKAGE = pathlib.Path(__file__).resolve().parents[2] / "tfcompress"
+PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "tfcompress"
+INTERNAL = PACKAGE / "_internal.py"
+FOREIGN_TOP_LEVEL = ("tensorflow", "keras", "tf_keras")
 
 
-def test_private_imports_live_in_one_module():
+def _modules() -> dict[str, ast.Module]:
+    return {
+        path: ast.parse(path.read_text(), str(path))
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if path != INTERNAL
+    }
+
+
+def _is_private(name: str) -> bool:
+    return name == "__internal__" or (name.startswith("_") and not name.endswith("__"))
+
+
+def _defined_private_names(trees) -> set[str]:
+    """Every private name tfcompress itself defines (functions, classes, attributes, variables)."""
+    names: set[str] = set()
+    for tree in trees:
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(node.name)
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                names.add(node.id)
+            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+                names.add(node.attr)
+            elif isinstance(node, ast.arg):
+                names.add(node.arg)
+            elif isinstance(node, ast.alias):
+                names.add((node.asname or node.name).split(".")[0])
+    names.update(node.name for node in ast.walk(ast.parse(INTERNAL.read_text())) if _named(node))
+    return {n for n in names if _is_private(n)}
+
+
+def _named(node) -> bool:
+    return isinstance(node, (ast.FunctionDef, ast.ClassDef)) and not node.name.startswith("_")
+
+
+def _private_module(name: str) -> bool:
+    top, _, rest = name.partition(".")
+    return top in FOREIGN_TOP_LEVEL and bool(rest)
+
+
+def test_private_tf_and_keras_api_only_in_internal():
+    modules = _modules()
+    ours = _defined_private_names(modules.values())
     offenders = []
-    for path in PACKAGE.rglob("*.py"):
-        if path.name == "_tf_internal.py":
+    for path, tree in modules.items():
+        where = str(path.relative_to(PACKAGE))
+        for node in ast.walk(tree):
+            line = f"{where}:{getattr(node, 'lineno', 0)}"
+            if isinstance(node, ast.Import):
+                offenders += [
+                    f"{line} import {a.name}" for a in node.names if _private_module(a.name)
+                ]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                if _private_module(node.module):
+                    offenders.append(f"{line} from {node.module} import ...")
+                elif node.module in FOREIGN_TOP_LEVEL:
+                    offenders += [
+                        f"{line} from {node.module} import {a.name}"
+                        for a in node.names
+                        if _is_private(a.name)
+                    ]
+            elif isinstance(node, ast.Attribute) and _is_private(node.attr):
+                if node.attr == "__internal__" or node.attr not in ours:
+                    offenders.append(f"{line} .{node.attr}")
+    assert offenders == [], (
+        "private TensorFlow/Keras API outside tfcompress/_internal.py (add a commented "
+        f"function there and call it): {offenders}"
+    )
+
+
+def _foreign_bases(cls) -> list[type]:
+    return [
+        base
+        for base in inspect.getmro(cls)[1:]
+        if base is not object
+        and not base.__module__.startswith("tfcompress")
+        and base.__module__.split(".")[0] in FOREIGN_TOP_LEVEL + ("tensorflow",)
+    ]
+
+
+def _package_classes():
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path == INTERNAL or path.name == "__main__.py":
             continue
-        text = path.read_text()
-        if re.search(r"tensorflow\.python\.distribute", text):
-            offenders.append(str(path.relative_to(PACKAGE)))
-    assert offenders == [], f"private TF distribute imports outside _tf_internal.py: {offenders}"
+        relative = path.relative_to(PACKAGE.parent).with_suffix("")
+        name = ".".join(relative.parts).removesuffix(".__init__")
+        module = importlib.import_module(name)
+        for _, cls in inspect.getmembers(module, inspect.isclass):
+            if cls.__module__ == name:
+                yield cls
+
+
+def test_no_class_overrides_a_private_tf_or_keras_hook():
+    try:
+        import tf_keras
+
+        extra = [tf_keras.callbacks.Callback]
+    except ImportError:  # tf-keras is a declared dependency; tolerate its absence here
+        extra = []
+    offenders = []
+    for cls in _package_classes():
+        foreign = _foreign_bases(cls)
+        if not foreign:
+            continue
+        if any(b.__module__.startswith("keras") for b in foreign):
+            foreign = foreign + extra  # tfcompress callbacks also serve tf-keras' CallbackList
+        for name in vars(cls):
+            if _is_private(name) and any(hasattr(base, name) for base in foreign):
+                offenders.append(f"{cls.__module__}.{cls.__name__}.{name}")
+    assert offenders == [], (
+        "private TensorFlow/Keras hooks overridden outside tfcompress/_internal.py (give "
+        f"_internal.py a base class that calls a public method): {offenders}"
+    )
 
 
 def test_private_names_still_exist():
     strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
     assert hasattr(strategy.extended, "_cross_device_ops")
+    assert internal.num_workers(strategy) == 1 and not internal.in_multi_worker_mode(strategy)
     ops = internal.CollectiveAllReduce(
         ["/cpu:0"], 1, tf.distribute.experimental.CommunicationOptions()
     )
@@ -37,4 +163,26 @@ def test_private_names_still_exist():
     }
     assert hasattr(ops, "_launchers") and hasattr(ops._launchers[0], "_all_gather")
     assert hasattr(ops._launchers[0], "batch_all_reduce")
+    assert hasattr(internal.CollectiveAllReduce, "_all_reduce")
     assert internal.devices_of(ops) and internal.group_size_of(ops) == 1
+    assert internal.options_of(ops) is args["options"]
+    assert hasattr(tf.__internal__.tracking.Trackable, "_gather_saveables_for_checkpoint")
+    assert hasattr(tf.__internal__.tracking.Trackable, "_trackable_children")
+    assert internal.scalar_summary_metadata().plugin_data.plugin_name == "scalars"
+
+
+def test_keras_private_names_still_exist():
+    keras = pytest.importorskip("keras")
+    functions = internal.keras3_fit_functions(original=True)
+    assert set(functions) == {"TensorFlowTrainer._maybe_symbolic_build", "reduce_per_replica"}
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    assert "_distribute_strategy" in vars(model)  # None outside a strategy scope
+    assert callable(model._symbolic_build)
+    assert internal.model_strategy(model) is tf.distribute.get_strategy()
+    tf_keras = pytest.importorskip("tf_keras")
+    for hook in (
+        "_implements_train_batch_hooks",
+        "_implements_test_batch_hooks",
+        "_implements_predict_batch_hooks",
+    ):
+        assert hasattr(tf_keras.callbacks.Callback, hook)

@@ -6,7 +6,16 @@ Swap one line of a ``model.fit`` script::
         compression=tfcompress.compressors.FP16())
 
 Subpackages are imported on first attribute access so that the command line
-(``tfcompress launch``) starts without importing TensorFlow.
+(``tfcompress launch``) starts without importing TensorFlow. The layers, each
+importing only those below it::
+
+    _internal (TensorFlow/Keras internals) < ops < codecs < compressors
+        < distribute < keras < tools (launch, bench, data, cli)
+
+``tfcompress.distribute`` reached from here brings ``tfcompress.keras`` with
+it, whose import installs Keras 3's multi-worker ``model.fit`` fix, so that
+``import tfcompress`` is all a Keras script needs (the strategies themselves
+never patch Keras).
 """
 
 import importlib
@@ -19,6 +28,8 @@ __all__ = ["bench", "codecs", "compressors", "data", "distribute", "keras", "lau
 def __getattr__(name: str):
     if name in __all__:
         module = importlib.import_module(f"tfcompress.{name}")
+        if name == "distribute":
+            importlib.import_module("tfcompress.keras")
         globals()[name] = module
         return module
     raise AttributeError(f"module 'tfcompress' has no attribute {name!r}")

@@ -1,23 +1,29 @@
-"""The one place where tfcompress touches TensorFlow's private distribute API.
+"""The one place where tfcompress touches TensorFlow's and Keras' private API.
 
-``tf.distribute.MultiWorkerMirroredStrategy`` accepts no ``cross_device_ops``
-argument; its aggregation object (``CollectiveAllReduce``) is created inside
-the strategy and held by ``strategy.extended._cross_device_ops``. tfcompress
-subclasses that class and swaps the instance in, so every gradient all-reduce
-(``_all_reduce`` from replica context, ``reduce_implementation`` /
-``batch_reduce_implementation`` from cross-replica context) reaches the
-compressing code while the transport stays TensorFlow's collectives.
+Everything below is either a private module (``tensorflow.python``,
+``tensorflow.core``, ``keras.src``), a private attribute or hook of a public
+TensorFlow/Keras class (``strategy.extended._cross_device_ops``, tf-keras'
+``_implements_*_batch_hooks``), or an internal namespace (``tf.__internal__``).
+Each use says why tfcompress needs it. The rest of the package calls the small
+functions and base classes defined here, so that a TensorFlow or Keras upgrade
+breaks in one module with a clear error: ``tests/test_internal.py`` checks that
+the names still exist, and that no other module uses a private TensorFlow or
+Keras name.
 
-Everything private is imported here, with the TF versions it was checked
-against, so that a TensorFlow upgrade breaks in one module with a clear error
-(``tests/distribute/test_tf_internal.py`` checks the names still exist).
+This module sits below every subpackage (``ops < codecs < compressors <
+distribute < keras < tools``) and imports nothing from tfcompress. Keras is
+imported only by the functions that need it (it is optional for the layers
+below ``tfcompress.keras``).
 """
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable
+
 import tensorflow as tf
-from tensorflow.python.distribute import (  # noqa: F401 - re-exported below
-    collective_util,
+from tensorflow.core.framework import summary_pb2
+from tensorflow.python.distribute import (
     cross_device_ops,
     cross_device_utils,
     reduce_util,
@@ -28,38 +34,180 @@ from tensorflow.python.training.saving import saveable_object
 
 __all__ = [
     "CHECKED_TF_VERSIONS",
+    "CheckpointOnlyHolder",
     "CollectiveAllReduce",
+    "CollectiveAllReduceHook",
     "ReduceOp",
-    "SaveSpec",
-    "SaveableObject",
-    "collective_util",
+    "SerializedCheckpointState",
+    "TfKerasCallbackHooks",
+    "collective_init_args",
     "cross_device_ops_of",
+    "cross_device_ops_or_none",
+    "devices_of",
     "group_by_size",
+    "group_size_of",
+    "in_multi_worker_mode",
     "in_saved_model_export",
     "is_indexed_slices",
+    "keras3_fit_functions",
+    "keras3_fit_functions_replaced",
+    "keras3_map_structure",
+    "keras3_model_strategy",
+    "keras3_symbolic_build",
+    "keras3_trainer_loaded",
     "launcher_all_gather",
     "launcher_batch_all_reduce",
+    "model_strategy",
     "new_collective_keys",
-    "worker_local_variable",
+    "num_workers",
+    "options_of",
     "replace_cross_device_ops",
+    "replace_keras3_fit_functions",
+    "scalar_summary_metadata",
+    "worker_local_variable",
 ]
 
 CHECKED_TF_VERSIONS = ("2.21",)
 
+# -- tf.distribute: the aggregation object of a strategy ---------------------------------------
+#
+# tf.distribute.MultiWorkerMirroredStrategy accepts no cross_device_ops argument;
+# its aggregation object (CollectiveAllReduce) is created inside the strategy and
+# held by strategy.extended._cross_device_ops. tfcompress subclasses that class
+# and swaps the instance in, so every gradient all-reduce reaches the compressing
+# code while the transport stays TensorFlow's collectives.
+
 CollectiveAllReduce = cross_device_ops.CollectiveAllReduce
 ReduceOp = reduce_util.ReduceOp
+# Packs tensors into groups of at most bytes_per_pack, as TensorFlow's own
+# all-reduce does (the same packing keeps compressed and exact packs alike).
 group_by_size = cross_device_utils.group_by_size
+# IndexedSlices and their distributed wrappers are recognised the way
+# TensorFlow's cross-device ops recognise them.
 is_indexed_slices = cross_device_utils.is_indexed_slices
-# Checkpointing compressor state: a legacy SaveableObject whose tensor is a
-# callable, so that the (collective) gather runs only when a checkpoint is
-# written, not when one is restored.
-SaveableObject = saveable_object.SaveableObject
-SaveSpec = saveable_object.SaveSpec
 
 
-def in_saved_model_export() -> bool:
-    """True while ``tf.saved_model.save`` runs (the chief alone: no collectives)."""
-    return save_context.in_save_context()
+class CollectiveAllReduceHook(CollectiveAllReduce):
+    """TensorFlow's ``CollectiveAllReduce`` with its per-replica all-reduce overridable.
+
+    Every all-reduce of a strategy (``replica_context.all_reduce``,
+    ``strategy.reduce``, ``extended.batch_reduce_to``, Keras' gradient
+    aggregation) reaches the private ``CollectiveAllReduce._all_reduce(reduce_op,
+    value, replica_id, options)`` with one replica's values. Subclasses override
+    :meth:`all_reduce_on_replica` instead and call
+    :meth:`exact_all_reduce_on_replica` for TensorFlow's own path.
+    """
+
+    def _all_reduce(self, reduce_op, value, replica_id, options):
+        return self.all_reduce_on_replica(reduce_op, value, replica_id, options)
+
+    def all_reduce_on_replica(self, reduce_op, value, replica_id: int, options):
+        """All-reduces one replica's (nested) ``value``; TensorFlow's exact path by default."""
+        return self.exact_all_reduce_on_replica(reduce_op, value, replica_id, options)
+
+    def exact_all_reduce_on_replica(self, reduce_op, value, replica_id: int, options):
+        """TensorFlow's own collective all-reduce of one replica's values."""
+        return super()._all_reduce(reduce_op, value, replica_id, options)
+
+
+def options_of(ops: CollectiveAllReduce):
+    """The ``CommunicationOptions`` the cross-device ops were built with (private attribute)."""
+    return ops._options  # pylint: disable=protected-access
+
+
+def cross_device_ops_or_none(strategy: tf.distribute.Strategy):
+    """The strategy's cross-device ops object, ``None`` when it has none (private attribute)."""
+    return getattr(strategy.extended, "_cross_device_ops", None)
+
+
+def cross_device_ops_of(strategy: tf.distribute.Strategy) -> CollectiveAllReduce:
+    """The strategy's collective cross-device ops object (private attribute)."""
+    ops = cross_device_ops_or_none(strategy)
+    if not isinstance(ops, CollectiveAllReduce):
+        raise TypeError(
+            f"{type(strategy).__name__} does not aggregate with CollectiveAllReduce "
+            f"(found {type(ops).__name__}); tfcompress {CHECKED_TF_VERSIONS} expects it. "
+            f"TensorFlow {tf.__version__} may have changed its internals."
+        )
+    return ops
+
+
+def replace_cross_device_ops(strategy: tf.distribute.Strategy, new_ops: CollectiveAllReduce):
+    """Installs ``new_ops`` as the strategy's cross-device ops (no public setter exists)."""
+    strategy.extended._cross_device_ops = new_ops  # pylint: disable=protected-access
+
+
+def num_workers(strategy: tf.distribute.Strategy) -> int:
+    """Number of worker processes of a (multi-worker) strategy; 1 for local strategies.
+
+    The public API only has ``num_replicas_in_sync``, which counts devices.
+    """
+    return int(getattr(strategy.extended, "_num_workers", 1))
+
+
+def in_multi_worker_mode(strategy: tf.distribute.Strategy) -> bool:
+    """True when the strategy spans several worker processes (private method).
+
+    Keras 3's multi-worker bug only shows there; a one-process
+    ``MultiWorkerMirroredStrategy`` behaves like ``MirroredStrategy``.
+    """
+    check = getattr(strategy.extended, "_in_multi_worker_mode", None)
+    return bool(check()) if check is not None else False
+
+
+def new_collective_keys(group_key_start: int):
+    """A fresh ``CollectiveKeys`` whose group keys start at ``group_key_start``.
+
+    Two collective objects in one process must not share group keys: the
+    process-wide collective executor caches each group's devices.
+    """
+    return cross_device_utils.CollectiveKeys(group_key_start=group_key_start)
+
+
+def collective_init_args(ops: CollectiveAllReduce) -> dict:
+    """The constructor arguments of an existing ``CollectiveAllReduce``.
+
+    They are what a replacement needs to run over the same devices, group and
+    collective keys as the object TensorFlow built (kept as private attributes).
+    """
+    return {
+        "devices": ops._devices,  # pylint: disable=protected-access
+        "group_size": ops._group_size,  # pylint: disable=protected-access
+        "options": ops._options,  # pylint: disable=protected-access
+        "collective_keys": ops._collective_keys,  # pylint: disable=protected-access
+        "canonicalize_devices": ops._canonicalize_devices,  # pylint: disable=protected-access
+    }
+
+
+def launcher_batch_all_reduce(ops: CollectiveAllReduce, replica_id: int, packs, options):
+    """Sum-all-reduces packs of same-dtype tensors on one replica's launcher.
+
+    The launcher (one per local device) is what ``CollectiveAllReduce`` itself
+    calls; there is no public per-replica entry point.
+    """
+    return ops._launchers[replica_id].batch_all_reduce(packs, options)  # pylint: disable=protected-access
+
+
+def launcher_all_gather(ops: CollectiveAllReduce, replica_id: int, tensor: tf.Tensor, options):
+    """Concatenates the equal-shaped ``tensor`` of every replica along axis 0.
+
+    The launcher's public ``all_gather`` raises in eager mode and gathers shapes
+    itself; the raw ``_all_gather`` works eagerly and in graphs.
+    """
+    return ops._launchers[replica_id]._all_gather(tensor, options)  # pylint: disable=protected-access
+
+
+def devices_of(ops: CollectiveAllReduce) -> tuple[str, ...]:
+    """The local devices the cross-device ops aggregate over (private attribute)."""
+    return ops._devices  # pylint: disable=protected-access
+
+
+def group_size_of(ops: CollectiveAllReduce) -> int:
+    """Number of replicas across all workers (private attribute)."""
+    return ops._group_size  # pylint: disable=protected-access
+
+
+# -- state variables and checkpoints ---------------------------------------------------------
 
 
 def worker_local_variable(initial_value, name: str, device: str | None = None) -> tf.Variable:
@@ -74,58 +222,223 @@ def worker_local_variable(initial_value, name: str, device: str | None = None) -
         return resource_variable_ops.ResourceVariable(initial_value, trainable=False, name=name)
 
 
-def new_collective_keys(group_key_start: int):
-    """A fresh ``CollectiveKeys`` whose group keys start at ``group_key_start``."""
-    return cross_device_utils.CollectiveKeys(group_key_start=group_key_start)
+def in_saved_model_export() -> bool:
+    """True while ``tf.saved_model.save`` runs (the chief alone: no collectives)."""
+    return save_context.in_save_context()
 
 
-def cross_device_ops_of(strategy: tf.distribute.Strategy) -> CollectiveAllReduce:
-    """The strategy's collective cross-device ops object (private attribute)."""
-    ops = getattr(strategy.extended, "_cross_device_ops", None)
-    if not isinstance(ops, CollectiveAllReduce):
-        raise TypeError(
-            f"{type(strategy).__name__} does not aggregate with CollectiveAllReduce "
-            f"(found {type(ops).__name__}); tfcompress {CHECKED_TF_VERSIONS} expects it. "
-            f"TensorFlow {tf.__version__} may have changed its internals."
-        )
-    return ops
+class SerializedCheckpointState(tf.__internal__.tracking.Trackable):
+    """A trackable saved as one string tensor computed when a checkpoint is written.
 
+    Subclasses implement :meth:`checkpoint_blob` (graph code that may run
+    collectives; called only when a checkpoint is written, never when one is
+    restored) and :meth:`restore_checkpoint_blob` (eager; the blob read back).
+    Nothing is written into a SavedModel (serving needs no training state).
 
-def replace_cross_device_ops(strategy: tf.distribute.Strategy, new_ops: CollectiveAllReduce):
-    """Installs ``new_ops`` as the strategy's cross-device ops."""
-    strategy.extended._cross_device_ops = new_ops  # pylint: disable=protected-access
-
-
-def collective_init_args(ops: CollectiveAllReduce) -> dict:
-    """The constructor arguments of an existing ``CollectiveAllReduce``."""
-    return {
-        "devices": ops._devices,  # pylint: disable=protected-access
-        "group_size": ops._group_size,  # pylint: disable=protected-access
-        "options": ops._options,  # pylint: disable=protected-access
-        "collective_keys": ops._collective_keys,  # pylint: disable=protected-access
-        "canonicalize_devices": ops._canonicalize_devices,  # pylint: disable=protected-access
-    }
-
-
-def launcher_batch_all_reduce(ops: CollectiveAllReduce, replica_id: int, packs, options):
-    """Sum-all-reduces packs of same-dtype tensors on one replica's launcher."""
-    return ops._launchers[replica_id].batch_all_reduce(packs, options)  # pylint: disable=protected-access
-
-
-def launcher_all_gather(ops: CollectiveAllReduce, replica_id: int, tensor: tf.Tensor, options):
-    """Concatenates the equal-shaped ``tensor`` of every replica along axis 0.
-
-    The launcher's public ``all_gather`` raises in eager mode and gathers shapes
-    itself; the raw ``_all_gather`` works eagerly and in graphs.
+    Why private API: ``tf.train.Checkpoint`` saves a trackable's own tensors
+    through its ``_gather_saveables_for_checkpoint`` hook and a legacy
+    ``SaveableObject``, whose tensor may be a callable; the public
+    ``tf.train.experimental.PythonState`` would compute the value eagerly on
+    every save without collectives in graph mode.
     """
-    return ops._launchers[replica_id]._all_gather(tensor, options)  # pylint: disable=protected-access
+
+    def checkpoint_blob(self) -> tf.Tensor:
+        """The state as a scalar string tensor (subclasses)."""
+        raise NotImplementedError
+
+    def restore_checkpoint_blob(self, blob: tf.Tensor) -> None:
+        """Takes the state back from the string written by :meth:`checkpoint_blob` (subclasses)."""
+        raise NotImplementedError
+
+    def _gather_saveables_for_checkpoint(self):
+        if in_saved_model_export():
+            # A SavedModel is for serving: it carries no training state, so it
+            # loads where tfcompress is not installed.
+            return {}
+        return {"compression_state": lambda name: _BlobSaveable(self, name)}
 
 
-def devices_of(ops: CollectiveAllReduce) -> tuple[str, ...]:
-    """The local devices the cross-device ops aggregate over."""
-    return ops._devices  # pylint: disable=protected-access
+class _BlobSaveable(saveable_object.SaveableObject):
+    def __init__(self, state: SerializedCheckpointState, name: str):
+        self._state = state
+        spec = saveable_object.SaveSpec(
+            state.checkpoint_blob, "", name, dtype=tf.string, device="/cpu:0"
+        )
+        super().__init__(state.checkpoint_blob, [spec], name)
+
+    def restore(self, restored_tensors, restored_shapes):
+        del restored_shapes
+        restore = self._state.restore_checkpoint_blob
+        if tf.executing_eagerly():
+            restore(restored_tensors[0])
+            return tf.no_op()
+        # Restored inside a traced function (e.g. a deferred restore while a
+        # training step is traced): decode when the function runs.
+        return tf.py_function(lambda blob: restore(blob) or [], [restored_tensors[0]], [])
 
 
-def group_size_of(ops: CollectiveAllReduce) -> int:
-    """Number of replicas across all workers."""
-    return ops._group_size  # pylint: disable=protected-access
+class CheckpointOnlyHolder(tf.__internal__.tracking.Trackable):
+    """Holds a trackable for checkpoints and hides it from SavedModel exports.
+
+    Set as an attribute of a Keras model, it makes every checkpoint of the
+    model (``BackupAndRestore``, ``ModelCheckpoint``, ``tf.train.Checkpoint``)
+    include ``state``. A SavedModel is for serving (and is often written by the
+    chief alone, where gathering every worker's state would wait for the
+    others), so the holder has no children when TensorFlow saves a SavedModel.
+    Why private API: the checkpoint/SavedModel distinction is only visible to
+    a trackable's ``_trackable_children(save_type)`` hook.
+
+    Args:
+      state: the trackable to checkpoint (e.g. a ``CompressionState``).
+    """
+
+    def __init__(self, state):
+        self.state = state
+
+    def _trackable_children(self, save_type="checkpoint", **kwargs):
+        del kwargs
+        if str(getattr(save_type, "value", save_type)) == "savedmodel":
+            return {}
+        return {"state": self.state}
+
+    def _lookup_dependency(self, name, cached_dependencies=None):
+        del cached_dependencies
+        return self.state if name == "state" else None
+
+
+# -- Keras ----------------------------------------------------------------------------------
+
+
+def scalar_summary_metadata():
+    """``SummaryMetadata`` of a TensorBoard scalar.
+
+    ``tf.summary.scalar`` lives in the ``tensorboard`` package, which
+    TensorFlow does not install; ``tf.summary.write`` with this metadata writes
+    the same record. The proto module is not part of TensorFlow's public API.
+    """
+    return summary_pb2.SummaryMetadata(
+        plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars"),
+        data_class=summary_pb2.DATA_CLASS_SCALAR,
+    )
+
+
+def model_strategy(model) -> tf.distribute.Strategy:
+    """The strategy a Keras model (tf-keras or Keras 3) trains under.
+
+    tf-keras exposes ``model.distribute_strategy``; Keras 3 keeps it in
+    ``model._distribute_strategy`` only.
+    """
+    strategy = getattr(model, "distribute_strategy", None)
+    if strategy is None:
+        strategy = getattr(model, "_distribute_strategy", None)
+    return strategy or tf.distribute.get_strategy()
+
+
+class TfKerasCallbackHooks:
+    """The private methods tf-keras' ``CallbackList`` calls on every callback.
+
+    tfcompress callbacks subclass Keras 3's ``keras.callbacks.Callback``; to
+    work in tf-keras' ``model.fit`` too, they must answer tf-keras' private
+    protocol: which batch hooks they implement (tf-keras skips the others) and
+    whether they accept tensor logs. Mix this class in and override
+    :meth:`uses_train_batch_hooks`.
+    """
+
+    _supports_tf_logs = True
+
+    def uses_train_batch_hooks(self) -> bool:
+        """Whether tf-keras must call ``on_train_batch_begin/end`` (default True)."""
+        return True
+
+    def _implements_train_batch_hooks(self) -> bool:
+        return self.uses_train_batch_hooks()
+
+    def _implements_test_batch_hooks(self) -> bool:
+        return False
+
+    def _implements_predict_batch_hooks(self) -> bool:
+        return False
+
+
+# Keras 3's multi-worker fit (keras-team/keras#20585) calls two functions of its
+# TensorFlow trainer that tfcompress replaces (tfcompress.keras._keras3_multiworker
+# holds the fix and pins their source). They are module-level names of
+# keras.src.backend.tensorflow.trainer; Keras is imported here only when asked.
+
+_KERAS3_FIT_FUNCTIONS = ("TensorFlowTrainer._maybe_symbolic_build", "reduce_per_replica")
+
+
+def _keras3_trainer():
+    from keras.src.backend.tensorflow import trainer  # noqa: PLC0415 - optional, Keras 3 only
+
+    return trainer
+
+
+def keras3_fit_functions(original: bool = True) -> dict[str, Callable]:
+    """The Keras 3 trainer functions the multi-worker fix replaces, by name.
+
+    Args:
+      original: the upstream functions even when replaced (else what runs now).
+
+    Raises:
+      ImportError: Keras 3 is not installed.
+    """
+    trainer = _keras3_trainer()
+    current = {
+        "TensorFlowTrainer._maybe_symbolic_build": trainer.TensorFlowTrainer._maybe_symbolic_build,
+        "reduce_per_replica": trainer.reduce_per_replica,
+    }
+    if not original:
+        return current
+    return {name: getattr(fn, "__tfcompress_original__", fn) for name, fn in current.items()}
+
+
+def keras3_fit_functions_replaced() -> bool:
+    """True when the Keras 3 trainer functions have been replaced by tfcompress."""
+    try:
+        current = keras3_fit_functions(original=False)
+    except ImportError:
+        return False
+    return all(hasattr(fn, "__tfcompress_original__") for fn in current.values())
+
+
+def keras3_trainer_loaded() -> bool:
+    """True when Keras 3's TensorFlow trainer has been imported in this process."""
+    return "keras.src.backend.tensorflow.trainer" in sys.modules
+
+
+def replace_keras3_fit_functions(replacements: dict[str, Callable]) -> None:
+    """Installs ``replacements`` (name -> function) in Keras 3's TensorFlow trainer.
+
+    Each replacement carries its upstream function as ``__tfcompress_original__``.
+    """
+    unknown = sorted(set(replacements) - set(_KERAS3_FIT_FUNCTIONS))
+    if unknown:
+        raise ValueError(f"not a replaceable Keras 3 trainer function: {unknown}")
+    trainer = _keras3_trainer()
+    originals = keras3_fit_functions(original=True)
+    for name, fn in replacements.items():
+        fn.__tfcompress_original__ = originals[name]
+    build = replacements.get("TensorFlowTrainer._maybe_symbolic_build")
+    if build is not None:
+        trainer.TensorFlowTrainer._maybe_symbolic_build = build
+    reduce = replacements.get("reduce_per_replica")
+    if reduce is not None:
+        trainer.reduce_per_replica = reduce
+
+
+def keras3_model_strategy(model) -> tf.distribute.Strategy | None:
+    """The strategy of a Keras 3 model inside its trainer (private attribute)."""
+    return model._distribute_strategy  # pylint: disable=protected-access
+
+
+def keras3_symbolic_build(model, data_batch) -> None:
+    """Builds a Keras 3 model's shapes from one batch (the trainer's private step)."""
+    model._symbolic_build(data_batch=data_batch)  # pylint: disable=protected-access
+
+
+def keras3_map_structure(fn: Callable, structure):
+    """``keras.src.tree.map_structure``: Keras 3's own nest semantics for its batches."""
+    from keras.src import tree  # noqa: PLC0415 - optional, Keras 3 only
+
+    return tree.map_structure(fn, structure)

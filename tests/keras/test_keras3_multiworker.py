@@ -25,6 +25,10 @@ def test_installed_keras_code_is_the_checked_one():
         )
 
 
+def test_importing_tfcompress_keras_installs_the_fix():
+    assert fix.is_installed()
+
+
 def test_install_is_idempotent_and_delegates_for_other_strategies():
     from keras.src.backend.tensorflow import trainer
 
@@ -41,7 +45,14 @@ def test_install_is_idempotent_and_delegates_for_other_strategies():
 def test_mismatched_source_is_not_patched(monkeypatch):
     from keras.src.backend.tensorflow import trainer
 
-    monkeypatch.setattr(fix, "_installed", False)
+    # Back to Keras' own functions (importing tfcompress.keras installed the fix).
+    for owner, name in (
+        (trainer.TensorFlowTrainer, "_maybe_symbolic_build"),
+        (trainer, "reduce_per_replica"),
+    ):
+        current = getattr(owner, name)
+        monkeypatch.setattr(owner, name, getattr(current, "__tfcompress_original__", current))
+    assert not fix.is_installed()
     monkeypatch.setattr(fix, "PATCHED_SOURCES", {k: {"0.0": "0" * 64} for k in fix.PATCHED_SOURCES})
     before = trainer.reduce_per_replica
     with warnings.catch_warnings(record=True) as caught:

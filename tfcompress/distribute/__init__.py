@@ -3,6 +3,7 @@
 from tfcompress.distribute.accounting import TrafficCounters
 from tfcompress.distribute.checkpointing import CompressionState
 from tfcompress.distribute.cross_device_ops import CompressingCollectiveAllReduce
+from tfcompress.distribute.handle import CompressionHandle
 from tfcompress.distribute.policy import CompressionPolicy
 from tfcompress.distribute.strategy import (
     MirroredStrategy,
@@ -10,6 +11,7 @@ from tfcompress.distribute.strategy import (
     compression_metrics,
     compression_of,
     compression_state,
+    handle_of,
     is_compressed_strategy,
     reset_traffic_stats,
     set_compression,
@@ -18,6 +20,7 @@ from tfcompress.distribute.strategy import (
 
 __all__ = [
     "CompressingCollectiveAllReduce",
+    "CompressionHandle",
     "CompressionState",
     "CompressionPolicy",
     "MirroredStrategy",
@@ -26,6 +29,7 @@ __all__ = [
     "compression_metrics",
     "compression_of",
     "compression_state",
+    "handle_of",
     "is_compressed_strategy",
     "reset_traffic_stats",
     "set_compression",

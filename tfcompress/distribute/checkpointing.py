@@ -37,7 +37,7 @@ __all__ = ["CompressionState"]
 _GATHER_AS = {tf.bool: tf.int32, tf.bfloat16: tf.float32, tf.uint8: tf.int32, tf.int8: tf.int32}
 
 
-class CompressionState(tf.__internal__.tracking.Trackable):
+class CompressionState(internal.SerializedCheckpointState):
     """The checkpointable state of one strategy's compressors (see the module docstring).
 
     Use it like any trackable: ``tf.train.Checkpoint(model=model,
@@ -46,14 +46,25 @@ class CompressionState(tf.__internal__.tracking.Trackable):
     that ``BackupAndRestore`` and ``ModelCheckpoint`` save it with the weights.
 
     Args:
-      strategy: the tfcompress strategy whose cross-device ops own the state.
+      strategy: the tfcompress strategy whose state this is (its collectives
+        gather every worker's state when a checkpoint is written).
       settings: text that identifies the compression settings (the
         compressor's and policy's ``repr``).
+      first_global_replica: global index of this worker's first replica.
+      num_local_replicas: number of replicas (devices) of this worker.
     """
 
-    def __init__(self, strategy: tf.distribute.Strategy, settings: str):
+    def __init__(
+        self,
+        strategy: tf.distribute.Strategy,
+        settings: str,
+        first_global_replica: int,
+        num_local_replicas: int,
+    ):
         self._strategy = strategy
         self._settings = settings
+        self._first_global_replica = first_global_replica
+        self._num_local_replicas = num_local_replicas
         # entry name -> variables of that entry on each local replica
         self._entries: dict[str, dict[int, tuple[tf.Variable, ...]]] = {}
         # entry name -> restored arrays of this worker's local replicas, not yet assigned
@@ -91,16 +102,9 @@ class CompressionState(tf.__internal__.tracking.Trackable):
         """Every tracked variable of this worker."""
         return [v for entry in self._entries.values() for vs in entry.values() for v in vs]
 
-    # -- tf.train.Checkpoint -------------------------------------------------------------
+    # -- tf.train.Checkpoint (see internal.SerializedCheckpointState) ----------------------
 
-    def _gather_saveables_for_checkpoint(self):
-        if internal.in_saved_model_export():
-            # A SavedModel is for serving: it carries no training state, so it
-            # loads where tfcompress is not installed.
-            return {}
-        return {"compression_state": lambda name: _StateSaveable(self, name)}
-
-    def _serialize(self) -> tf.Tensor:
+    def checkpoint_blob(self) -> tf.Tensor:
         """All replicas' state and the settings as one string tensor (graph code, collective).
 
         The string is a serialised string vector ``[settings, name_0,
@@ -108,7 +112,7 @@ class CompressionState(tf.__internal__.tracking.Trackable):
         serialised ``[global replicas, ...]`` tensor.
         """
         parts = [tf.constant(self._settings)]
-        local_replicas = len(internal.devices_of(self._ops))
+        local_replicas = self._num_local_replicas
         for name in sorted(self._entries):
             entry = self._entries[name]
             if sorted(entry) != list(range(local_replicas)):
@@ -129,7 +133,7 @@ class CompressionState(tf.__internal__.tracking.Trackable):
             # A SavedModel export (chief only) must not wait for the other
             # workers: it gets this worker's state.
             return tf.stack([tf.cast(entry[r][index], wire) for r in sorted(entry)])
-        first = self._ops._first_global_replica  # pylint: disable=protected-access
+        first = self._first_global_replica
 
         def value_fn(context):
             local = context.replica_id_in_sync_group - first
@@ -138,7 +142,7 @@ class CompressionState(tf.__internal__.tracking.Trackable):
         per_replica = self._strategy.experimental_distribute_values_from_function(value_fn)
         return self._strategy.gather(per_replica, axis=0)
 
-    def _restore(self, blob: tf.Tensor) -> None:
+    def restore_checkpoint_blob(self, blob: tf.Tensor) -> None:
         parts = tf.io.parse_tensor(blob, tf.string).numpy()
         saved = parts[0].decode()
         arrays = {}
@@ -151,8 +155,8 @@ class CompressionState(tf.__internal__.tracking.Trackable):
                 f"settings: it has {saved!r}, this strategy uses {self._settings!r}. "
                 "Restore it with the same compressor and policy, or start without it."
             )
-        first = self._ops._first_global_replica  # pylint: disable=protected-access
-        local_replicas = len(internal.devices_of(self._ops))
+        first = self._first_global_replica
+        local_replicas = self._num_local_replicas
         restored: dict[str, dict[int, list[np.ndarray]]] = {}
         for key in arrays:
             name, index = key.rsplit("/", 1)
@@ -173,10 +177,6 @@ class CompressionState(tf.__internal__.tracking.Trackable):
                 pending = self._pending.get(name, {}).pop(local, None)
                 if pending is not None:
                     _assign(name, variables, pending)
-
-    @property
-    def _ops(self):
-        return self._strategy.extended._cross_device_ops  # pylint: disable=protected-access
 
 
 def _serialised_dtype(serialised: bytes) -> tf.DType:
@@ -204,20 +204,3 @@ def _assign(name: str, variables: tuple[tf.Variable, ...], values: list[np.ndarr
 def entry_name(key: str, kind: str = "tensor") -> str:
     """A checkpoint-safe name for the state of tensor ``key`` (or a schedule)."""
     return f"{kind}:" + re.sub(r"[^A-Za-z0-9_#,.\[\]-]", "_", key)
-
-
-class _StateSaveable(internal.SaveableObject):
-    def __init__(self, state: CompressionState, name: str):
-        self._state = state
-        spec = internal.SaveSpec(state._serialize, "", name, dtype=tf.string, device="/cpu:0")  # pylint: disable=protected-access
-        super().__init__(state._serialize, [spec], name)  # pylint: disable=protected-access
-
-    def restore(self, restored_tensors, restored_shapes):
-        del restored_shapes
-        restore = self._state._restore  # pylint: disable=protected-access
-        if tf.executing_eagerly():
-            restore(restored_tensors[0])
-            return tf.no_op()
-        # Restored inside a traced function (e.g. a deferred restore while a
-        # training step is traced): decode when the function runs.
-        return tf.py_function(lambda blob: restore(blob) or [], [restored_tensors[0]], [])

@@ -24,10 +24,11 @@ from tfcompress.compressors.base import Compressor, Payload, Schedule
 from tfcompress.compressors.state import TensorContext
 from tfcompress.distribute.accounting import TrafficCounters
 from tfcompress.distribute.checkpointing import CompressionState, entry_name
+from tfcompress.distribute.handle import CompressionHandle, first_global_replica
 from tfcompress.distribute.policy import CompressionPolicy
 from tfcompress.ops import timing
 
-__all__ = ["CompressingCollectiveAllReduce"]
+__all__ = ["CompressingCollectiveAllReduce", "fresh_collective_keys"]
 
 # Collective group keys name a group in the process-wide collective executor,
 # which caches each instance's dtype and shape. Two in-process strategies over
@@ -36,7 +37,12 @@ __all__ = ["CompressingCollectiveAllReduce"]
 _group_key_starts = itertools.count(start=10_000, step=1_000)
 
 
-class CompressingCollectiveAllReduce(internal.CollectiveAllReduce):
+def fresh_collective_keys():
+    """Collective keys with a range of group keys no other object of this process uses."""
+    return internal.new_collective_keys(next(_group_key_starts))
+
+
+class CompressingCollectiveAllReduce(internal.CollectiveAllReduceHook):
     """``CollectiveAllReduce`` whose dense float tensors go through a compressor.
 
     Args:
@@ -44,11 +50,17 @@ class CompressingCollectiveAllReduce(internal.CollectiveAllReduce):
       group_size: number of replicas across all workers.
       options: ``tf.distribute.experimental.CommunicationOptions``.
       compressor: a :class:`~tfcompress.compressors.Compressor`, or ``None``
-        for exact aggregation (the traffic is still counted).
+        for exact aggregation (the traffic is still counted). Only without
+        ``handle``.
       policy: a :class:`CompressionPolicy`; defaults to ``CompressionPolicy()``.
+        Only without ``handle``.
       collective_keys: shared with the strategy's other collectives; by
         default a fresh range of group keys unique in this process.
       canonicalize_devices: as in ``CollectiveAllReduce``.
+      handle: the strategy's :class:`~tfcompress.distribute.handle.CompressionHandle`
+        (compressor, policy, counters, checkpointable state), as the strategy
+        factories pass it. Without it, the ops make their own handle from
+        ``compressor`` and ``policy``, with no checkpointable state.
     """
 
     def __init__(
@@ -60,10 +72,10 @@ class CompressingCollectiveAllReduce(internal.CollectiveAllReduce):
         policy: CompressionPolicy | None = None,
         collective_keys=None,
         canonicalize_devices: bool = True,
-        counters: TrafficCounters | None = None,
+        handle: CompressionHandle | None = None,
     ):
         if collective_keys is None:
-            collective_keys = internal.new_collective_keys(next(_group_key_starts))
+            collective_keys = fresh_collective_keys()
         super().__init__(
             devices,
             group_size,
@@ -71,30 +83,66 @@ class CompressingCollectiveAllReduce(internal.CollectiveAllReduce):
             collective_keys=collective_keys,
             canonicalize_devices=canonicalize_devices,
         )
-        self.compressor = compressor
-        self.policy = policy or CompressionPolicy()
-        self.counters = counters or TrafficCounters(self._devices[0])
-        # (tensor key, local replica) -> compressor bound to that tensor (its state).
+        if handle is None:
+            handle = CompressionHandle(
+                compressor,
+                policy or CompressionPolicy(),
+                TrafficCounters(internal.devices_of(self)[0]),
+            )
+        elif compressor is not None or policy is not None:
+            raise ValueError(
+                "CompressingCollectiveAllReduce takes a handle or compressor/policy, not both"
+            )
+        #: Compressor, policy, counters and state of the strategy (shared by copies).
+        self.compression_handle = handle
+        # (tensor key, local replica) -> compressor bound to that tensor (its state),
+        # for the compressor in _bound_to.
         self._bound: dict[tuple[str, int], Compressor] = {}
         # local replica -> the phase schedule of a phased compressor (None: not phased).
         self._schedules: dict[int, Schedule | None] = {}
-        #: The checkpointable state (set by the strategy factories).
-        self.state: CompressionState | None = None
-        task = tf.DeviceSpec.from_string(self._devices[0]).task or 0
-        self._first_global_replica = task * len(self._devices)
+        self._bound_to: Compressor | None = handle.compressor
+        self._first_global_replica = first_global_replica(internal.devices_of(self))
+
+    @property
+    def compressor(self) -> Compressor | None:
+        """The compressor new aggregations are traced with (the handle's)."""
+        return self.compression_handle.compressor
+
+    @property
+    def policy(self) -> CompressionPolicy:
+        """Which tensors are compressed (the handle's)."""
+        return self.compression_handle.policy
+
+    @property
+    def counters(self) -> TrafficCounters:
+        """This worker's traffic counters (the handle's)."""
+        return self.compression_handle.counters
+
+    @property
+    def state(self) -> CompressionState | None:
+        """The checkpointable compressor state (the handle's; ``None`` when built directly)."""
+        return self.compression_handle.state
+
+    def _forget_old_compressor(self) -> None:
+        """Drops the tensors bound to a compressor the handle no longer holds."""
+        if self._bound_to is not self.compression_handle.compressor:
+            self._bound.clear()
+            self._schedules.clear()
+            self._bound_to = self.compression_handle.compressor
 
     def bound_compressor(self, key: str, replica_id: int, value) -> Compressor:
         """The compressor bound to tensor ``key`` (like ``value``) on local replica ``replica_id``.
 
         For ``tf.IndexedSlices`` the context has no shape (the rows vary).
         """
+        self._forget_old_compressor()
         if (key, replica_id) not in self._bound:
             sparse = internal.is_indexed_slices(value)
             context = TensorContext(
                 key=key,
                 replica=self._first_global_replica + replica_id,
-                num_replicas=self._group_size,
-                device=self._devices[replica_id],
+                num_replicas=internal.group_size_of(self),
+                device=internal.devices_of(self)[replica_id],
                 shape=None if sparse else value.shape,
                 dtype=value.values.dtype if sparse else value.dtype,
             )
@@ -103,25 +151,23 @@ class CompressingCollectiveAllReduce(internal.CollectiveAllReduce):
 
     def schedule_of(self, replica_id: int) -> Schedule | None:
         """The phase schedule of local replica ``replica_id`` (``None``: not phased)."""
+        self._forget_old_compressor()
         if replica_id not in self._schedules:
             self._schedules[replica_id] = self.compressor.schedule(
                 self._first_global_replica + replica_id,
-                self._group_size,
-                self._devices[replica_id],
+                internal.group_size_of(self),
+                internal.devices_of(self)[replica_id],
             )
         return self._schedules[replica_id]
 
-    def clear_bound_compressors(self) -> None:
-        """Forgets every bound compressor and schedule (their state), e.g. after a change."""
-        self._bound.clear()
-        self._schedules.clear()
-
     @property
     def bound_compressors(self) -> dict[tuple[str, int], Compressor]:
-        """Every bound compressor so far, by (tensor key, local replica)."""
+        """Every compressor bound so far to the current compressor, by (tensor key, local replica)."""
+        self._forget_old_compressor()
         return dict(self._bound)
 
-    def _all_reduce(self, reduce_op, value, replica_id, options):
+    def all_reduce_on_replica(self, reduce_op, value, replica_id, options):
+        """All-reduces one replica's values: the policy's choice compressed, the rest exact."""
         flat_values = tf.nest.flatten(value, expand_composites=False)
         compress_idx = [
             i for i, v in enumerate(flat_values) if self.policy.should_compress(v, self.compressor)
@@ -131,7 +177,7 @@ class CompressingCollectiveAllReduce(internal.CollectiveAllReduce):
 
         if exact_idx:
             exact_values = [flat_values[i] for i in exact_idx]
-            reduced = super()._all_reduce(reduce_op, exact_values, replica_id, options)
+            reduced = self.exact_all_reduce_on_replica(reduce_op, exact_values, replica_id, options)
             for i, r in zip(exact_idx, reduced, strict=True):
                 results[i] = r
             self._count_exact(exact_values)
@@ -143,10 +189,10 @@ class CompressingCollectiveAllReduce(internal.CollectiveAllReduce):
         ):
             if not indices:
                 continue
-            with tf.device(self._devices[replica_id]), tf.name_scope("tfcompress"):
+            with tf.device(internal.devices_of(self)[replica_id]), tf.name_scope("tfcompress"):
                 reduced = compressed_sum([flat_values[i] for i in indices], replica_id, options)
                 if reduce_op == internal.ReduceOp.MEAN:
-                    reduced = [_divide(r, self._group_size) for r in reduced]
+                    reduced = [_divide(r, internal.group_size_of(self)) for r in reduced]
             for i, r in zip(indices, reduced, strict=True):
                 results[i] = r
         return tf.nest.pack_sequence_as(value, results)
@@ -155,7 +201,7 @@ class CompressingCollectiveAllReduce(internal.CollectiveAllReduce):
 
     def _compressed_sum(self, values: list, replica_id: int, options) -> list[tf.Tensor]:
         """Sum over all replicas of ``values`` through compressed payloads."""
-        options = self._options.merge(options)
+        options = internal.options_of(self).merge(options)
         values = [tf.convert_to_tensor(v) for v in values]
         bound = [
             self.bound_compressor(key, replica_id, v)
@@ -200,7 +246,7 @@ class CompressingCollectiveAllReduce(internal.CollectiveAllReduce):
         the decoded rows of all workers (``aggregate_indexed_slices``), as
         TensorFlow's own all-reduce of ``IndexedSlices`` does.
         """
-        options = self._options.merge(options)
+        options = internal.options_of(self).merge(options)
         keys = _tensor_keys([_SparseKey(v) for v in values])
         bound = [
             self.bound_compressor(key, replica_id, v) for key, v in zip(keys, values, strict=True)
@@ -325,7 +371,7 @@ class CompressingCollectiveAllReduce(internal.CollectiveAllReduce):
         lengths = tf.stack([tf.size(b, out_type=tf.int64) for b in byte_parts])
         blob = tf.concat(byte_parts, axis=0)
         all_lengths = internal.launcher_all_gather(self, replica_id, lengths, options)
-        all_lengths = tf.reshape(all_lengths, [self._group_size, len(parts)])
+        all_lengths = tf.reshape(all_lengths, [internal.group_size_of(self), len(parts)])
         totals = tf.reduce_sum(all_lengths, axis=1)
         # Collective gathers take 4- and 8-byte types only: the byte blob travels
         # as int32 words, padded to the longest blob rounded up to a word.
@@ -333,11 +379,11 @@ class CompressingCollectiveAllReduce(internal.CollectiveAllReduce):
         padded = tf.pad(blob, [[0, longest - tf.size(blob, out_type=tf.int64)]])
         words = tf.bitcast(tf.reshape(padded, [-1, 4]), tf.int32)
         all_words = internal.launcher_all_gather(self, replica_id, words, options)
-        all_blobs = tf.reshape(tf.bitcast(all_words, tf.uint8), [self._group_size, -1])
+        all_blobs = tf.reshape(tf.bitcast(all_words, tf.uint8), [internal.group_size_of(self), -1])
         sent = _nbytes(lengths) + _nbytes(words)
 
         gathered: list[list[Payload]] = [[] for _ in payloads]
-        for worker in range(self._group_size):
+        for worker in range(internal.group_size_of(self)):
             offsets = tf.concat([[0], tf.cumsum(all_lengths[worker])], axis=0)
             worker_tensors: list[dict] = [dict() for _ in payloads]
             for j, ((k, name), local) in enumerate(zip(parts, tensors, strict=True)):
@@ -356,19 +402,12 @@ class CompressingCollectiveAllReduce(internal.CollectiveAllReduce):
         self.counters.add(bytes_sent=nbytes, bytes_uncompressed=nbytes, aggregations=len(values))
 
     def __deepcopy__(self, memo):
-        copied = CompressingCollectiveAllReduce(
-            self._devices,
-            self._group_size,
-            self._options,
-            compressor=self.compressor,
-            policy=self.policy,
-            collective_keys=copy.deepcopy(self._collective_keys, memo),
-            canonicalize_devices=self._canonicalize_devices,
-            counters=self.counters,
-        )
-        copied.state = self.state
-        # (bound compressors are not copied: a copy rebinds, creating fresh state)
-        return copied
+        # TensorFlow copies a strategy's cross-device ops; the copy belongs to the
+        # same strategy, so it shares the handle (compressor, counters, state).
+        # Bound compressors are not copied: a copy rebinds, creating fresh state.
+        args = internal.collective_init_args(self)
+        args["collective_keys"] = copy.deepcopy(args["collective_keys"], memo)
+        return CompressingCollectiveAllReduce(handle=self.compression_handle, **args)
 
 
 def _tensor_keys(values: list[tf.Tensor]) -> list[str]:

@@ -1,8 +1,16 @@
-"""Strategy factories: TensorFlow's strategies with compressing cross-device ops."""
+"""Strategy factories: TensorFlow's strategies with compressing cross-device ops.
+
+A factory builds TensorFlow's strategy, then one
+:class:`~tfcompress.distribute.handle.CompressionHandle` (compressor, policy,
+counters, checkpointable state) and cross-device ops that carry it, and swaps
+those ops in. Every other function here finds the handle with :func:`handle_of`.
+Strategies never patch Keras: Keras 3's multi-worker fit fix comes with
+``tfcompress.keras``.
+"""
 
 from __future__ import annotations
 
-import hashlib
+import logging
 from collections.abc import Sequence
 
 import tensorflow as tf
@@ -11,9 +19,14 @@ from tfcompress import _internal as internal
 from tfcompress.compressors import registry
 from tfcompress.compressors.base import Compressor
 from tfcompress.distribute.checkpointing import CompressionState
-from tfcompress.distribute.cross_device_ops import CompressingCollectiveAllReduce
+from tfcompress.distribute.cross_device_ops import (
+    CompressingCollectiveAllReduce,
+    fresh_collective_keys,
+)
+from tfcompress.distribute.handle import CompressionHandle, settings_digest
 from tfcompress.distribute.policy import CompressionPolicy
-from tfcompress.keras import _keras3_multiworker
+
+_log = logging.getLogger(__name__)
 
 __all__ = [
     "MirroredStrategy",
@@ -21,6 +34,7 @@ __all__ = [
     "compression_metrics",
     "compression_of",
     "compression_state",
+    "handle_of",
     "is_compressed_strategy",
     "reset_traffic_stats",
     "set_compression",
@@ -106,31 +120,45 @@ def MirroredStrategy(  # noqa: N802 - mirrors tf.distribute's class name
         devices = [d.name for d in gpus] or ["/device:CPU:0"]
     devices = list(devices)
     options = communication_options or tf.distribute.experimental.CommunicationOptions()
-    cross_ops = CompressingCollectiveAllReduce(
-        devices,
-        group_size=len(devices),
-        options=options,
-        compressor=compressor,
-        policy=policy,
+    # TensorFlow's own collective all-reduce first, replaced below exactly as in
+    # MultiWorkerMirroredStrategy (MirroredStrategy derives nothing else from it).
+    plain = internal.CollectiveAllReduce(
+        devices, len(devices), options, collective_keys=fresh_collective_keys()
     )
-    strategy = tf.distribute.MirroredStrategy(devices=devices, cross_device_ops=cross_ops)
-    strategy._tfcompress_compression = compressor  # pylint: disable=protected-access
-    cross_ops.state = CompressionState(strategy, _settings_text(compressor, policy))
+    strategy = tf.distribute.MirroredStrategy(devices=devices, cross_device_ops=plain)
+    _install(strategy, compressor, policy)
     return strategy
 
 
 def _install(strategy, compressor, policy) -> None:
-    old = internal.cross_device_ops_of(strategy)
-    new = CompressingCollectiveAllReduce(
-        compressor=compressor, policy=policy, **internal.collective_init_args(old)
+    """Builds the strategy's handle and swaps in cross-device ops that carry it."""
+    plain = internal.cross_device_ops_of(strategy)
+    handle = CompressionHandle.for_strategy(strategy, compressor, policy)
+    internal.replace_cross_device_ops(
+        strategy,
+        CompressingCollectiveAllReduce(handle=handle, **internal.collective_init_args(plain)),
     )
-    internal.replace_cross_device_ops(strategy, new)
-    strategy._tfcompress_compression = compressor  # pylint: disable=protected-access
-    new.state = CompressionState(strategy, _settings_text(compressor, policy))
     _check_same_settings_on_every_worker(strategy, compressor, policy)
-    # Keras 3's multi-worker fit needs a fix (keras-team/keras#20585); it only
-    # acts on strategies made here.
-    _keras3_multiworker.install()
+    _point_keras3_users_to_the_fix(strategy)
+
+
+def _point_keras3_users_to_the_fix(strategy) -> None:
+    """Warns a multi-worker Keras 3 user who has not imported ``tfcompress.keras``.
+
+    Keras 3's multi-worker ``model.fit`` needs the fix that importing
+    ``tfcompress.keras`` installs (``import tfcompress`` then
+    ``tfcompress.distribute`` imports it too); a script that only does
+    ``from tfcompress.distribute import ...`` would otherwise fail inside Keras.
+    """
+    if (
+        internal.num_workers(strategy) > 1
+        and internal.keras3_trainer_loaded()
+        and not internal.keras3_fit_functions_replaced()
+    ):
+        _log.warning(
+            "tfcompress: Keras 3's multi-worker model.fit needs `import tfcompress.keras` "
+            "(it installs the fix for keras-team/keras#20585); custom training loops do not."
+        )
 
 
 def set_compression(strategy, compression: Compressor | str | None, **options) -> None:
@@ -146,23 +174,7 @@ def set_compression(strategy, compression: Compressor | str | None, **options) -
       compression: the new compressor, a registry name, or ``None`` (exact).
       **options: options for a compressor given by name.
     """
-    if not is_compressed_strategy(strategy):
-        raise ValueError("not a tfcompress strategy (use tfcompress.distribute.*Strategy)")
-    compressor = registry.get(compression, **options)
-    ops = strategy.extended._cross_device_ops  # pylint: disable=protected-access
-    ops.compressor = compressor
-    ops.clear_bound_compressors()
-    ops.state.reset(_settings_text(compressor, ops.policy))
-    strategy._tfcompress_compression = compressor  # pylint: disable=protected-access
-
-
-def _settings_text(compressor, policy) -> str:
-    return f"compression={compressor!r}, policy={policy!r}"
-
-
-def _settings_digest(compressor, policy) -> int:
-    text = _settings_text(compressor, policy)
-    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:7], "little")
+    _handle(strategy).set_compressor(registry.get(compression, **options))
 
 
 def _check_same_settings_on_every_worker(strategy, compressor, policy) -> None:
@@ -172,9 +184,9 @@ def _check_same_settings_on_every_worker(strategy, compressor, policy) -> None:
     silently mis-decode), so the settings' digests are gathered once, at
     creation, through the strategy's own collectives.
     """
-    if strategy.extended._num_workers <= 1:  # pylint: disable=protected-access
+    if internal.num_workers(strategy) <= 1:
         return
-    digest = _settings_digest(compressor, policy)
+    digest = settings_digest(compressor, policy)
     local = strategy.run(lambda: tf.constant([digest], tf.int64))
     digests = [int(d) for d in strategy.gather(local, axis=0).numpy()]
     different = [i for i, d in enumerate(digests) if d != digests[0]]
@@ -186,26 +198,34 @@ def _check_same_settings_on_every_worker(strategy, compressor, policy) -> None:
         )
 
 
+def handle_of(strategy) -> CompressionHandle | None:
+    """The :class:`~tfcompress.distribute.handle.CompressionHandle` of a tfcompress strategy.
+
+    Returns:
+      The handle (compressor, policy, counters, state), or ``None`` when
+      ``strategy`` does not aggregate through tfcompress.
+    """
+    ops = internal.cross_device_ops_or_none(strategy)
+    if isinstance(ops, CompressingCollectiveAllReduce):
+        return ops.compression_handle
+    return None
+
+
 def is_compressed_strategy(strategy) -> bool:
     """True when ``strategy`` was made by a tfcompress factory."""
-    return hasattr(strategy, "_tfcompress_compression")
+    handle = handle_of(strategy)
+    return handle is not None and handle.state is not None
+
+
+def _handle(strategy) -> CompressionHandle:
+    if not is_compressed_strategy(strategy):
+        raise ValueError("not a tfcompress strategy (use tfcompress.distribute.*Strategy)")
+    return handle_of(strategy)
 
 
 def compression_of(strategy) -> Compressor | None:
     """The compressor of a tfcompress strategy (``None`` for exact aggregation)."""
-    if not is_compressed_strategy(strategy):
-        raise ValueError("not a tfcompress strategy (use tfcompress.distribute.*Strategy)")
-    return strategy._tfcompress_compression  # pylint: disable=protected-access
-
-
-def _cross_device_ops(strategy) -> CompressingCollectiveAllReduce:
-    if not is_compressed_strategy(strategy):
-        raise ValueError("not a tfcompress strategy (use tfcompress.distribute.*Strategy)")
-    return strategy.extended._cross_device_ops  # pylint: disable=protected-access
-
-
-def _counters(strategy):
-    return _cross_device_ops(strategy).counters
+    return _handle(strategy).compressor
 
 
 def traffic_stats(strategy) -> dict[str, int | float]:
@@ -216,7 +236,7 @@ def traffic_stats(strategy) -> dict[str, int | float]:
       ``aggregations`` (ints), and the measured ``compress_seconds`` and
       ``decompress_seconds`` (floats), summed over this worker's local replicas.
     """
-    return _counters(strategy).read()
+    return _handle(strategy).counters.read()
 
 
 def compression_state(strategy) -> CompressionState:
@@ -233,7 +253,7 @@ def compression_state(strategy) -> CompressionState:
     and each worker restores its own. Keras users call
     :func:`tfcompress.keras.track_compression_state` instead.
     """
-    return _cross_device_ops(strategy).state
+    return _handle(strategy).state
 
 
 def compression_metrics(strategy) -> dict[str, float]:
@@ -247,7 +267,8 @@ def compression_metrics(strategy) -> dict[str, float]:
     Returns:
       name -> float; empty before the first step or for stateless compressors.
     """
-    ops = _cross_device_ops(strategy)
+    _handle(strategy)
+    ops = internal.cross_device_ops_of(strategy)
     totals: dict[str, list[float]] = {}
     for bound in ops.bound_compressors.values():
         for name, value in bound.metrics().items():
@@ -257,4 +278,4 @@ def compression_metrics(strategy) -> dict[str, float]:
 
 def reset_traffic_stats(strategy) -> None:
     """Sets this worker's traffic counters to zero."""
-    _counters(strategy).reset()
+    _handle(strategy).counters.reset()

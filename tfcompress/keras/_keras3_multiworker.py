@@ -12,12 +12,15 @@ the Keras versions listed in ``PATCHED_SOURCES``:
    ``strategy.reduce("MEAN", v, axis=0)``; losses and metric results are
    scalars, which have no axis 0. The fix reduces scalars with ``axis=None``.
 
-The patch is installed when a tfcompress strategy is created, and the patched
-functions delegate to the originals for every strategy that tfcompress did not
-create, so plain Keras behaviour is untouched. The exact upstream source of both
-functions is pinned by hash: if a new Keras changes them, the patch is not
-applied (a warning says so) and ``tests/keras/test_keras3_multiworker.py`` fails,
-so that someone re-checks whether the bug is still there.
+The fix is installed when ``tfcompress.keras`` is imported (by this module,
+below; ``import tfcompress`` followed by ``tfcompress.distribute`` imports it
+too). The patched functions delegate to the originals for every strategy that
+tfcompress did not create, so plain Keras behaviour is untouched. The exact
+upstream source of both functions is pinned by hash: if a new Keras changes
+them, the patch is not applied (a warning says so) and
+``tests/keras/test_keras3_multiworker.py`` fails, so that someone re-checks
+whether the bug is still there. The Keras internals it touches are reached
+through :mod:`tfcompress._internal`.
 """
 
 from __future__ import annotations
@@ -26,6 +29,11 @@ import hashlib
 import inspect
 import logging
 import warnings
+
+import tensorflow as tf
+
+from tfcompress import _internal as internal
+from tfcompress.distribute import is_compressed_strategy
 
 __all__ = ["PATCHED_SOURCES", "install", "is_installed", "source_hashes"]
 
@@ -41,51 +49,29 @@ PATCHED_SOURCES = {
     },
 }
 
-_installed = False
 _apply_to_all_strategies = False
-
-
-def _trainer_module():
-    from keras.src.backend.tensorflow import trainer  # noqa: PLC0415 - Keras 3 only
-
-    return trainer
 
 
 def source_hashes() -> dict[str, str]:
     """sha256 of the installed Keras' source of each function the fix replaces."""
-    trainer = _trainer_module()
-    originals = {
-        "TensorFlowTrainer._maybe_symbolic_build": getattr(
-            trainer.TensorFlowTrainer._maybe_symbolic_build,
-            "__tfcompress_original__",
-            trainer.TensorFlowTrainer._maybe_symbolic_build,
-        ),
-        "reduce_per_replica": getattr(
-            trainer.reduce_per_replica, "__tfcompress_original__", trainer.reduce_per_replica
-        ),
-    }
     return {
         name: hashlib.sha256(inspect.getsource(fn).encode()).hexdigest()
-        for name, fn in originals.items()
+        for name, fn in internal.keras3_fit_functions(original=True).items()
     }
 
 
-def _is_tfcompress_multiworker(strategy) -> bool:
-    import tensorflow as tf  # noqa: PLC0415
-
-    from tfcompress.distribute.strategy import is_compressed_strategy  # noqa: PLC0415
-
+def _is_fixed_multiworker(strategy) -> bool:
     return (
         strategy is not None
         and (_apply_to_all_strategies or is_compressed_strategy(strategy))
         and isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
-        and strategy.extended._in_multi_worker_mode()  # pylint: disable=protected-access
+        and internal.in_multi_worker_mode(strategy)
     )
 
 
 def is_installed() -> bool:
     """True when the fix is active in this process."""
-    return _installed
+    return internal.keras3_fit_functions_replaced()
 
 
 def install(all_strategies: bool = False) -> bool:
@@ -98,14 +84,14 @@ def install(all_strategies: bool = False) -> bool:
     Returns:
       True when the fix is (now or already) installed.
     """
-    global _installed, _apply_to_all_strategies
+    global _apply_to_all_strategies
     _apply_to_all_strategies = _apply_to_all_strategies or all_strategies
-    if _installed:
+    if is_installed():
         return True
     try:
-        import keras  # noqa: PLC0415
+        import keras  # noqa: PLC0415 - optional: tf-keras users may not have Keras 3
 
-        trainer = _trainer_module()
+        originals = internal.keras3_fit_functions(original=True)
     except ImportError:
         return False
     version = keras.__version__
@@ -123,19 +109,16 @@ def install(all_strategies: bool = False) -> bool:
         )
         return False
 
-    import tensorflow as tf  # noqa: PLC0415
-    from keras.src import tree  # noqa: PLC0415
-
-    original_build = trainer.TensorFlowTrainer._maybe_symbolic_build
-    original_reduce = trainer.reduce_per_replica
+    original_build = originals["TensorFlowTrainer._maybe_symbolic_build"]
+    original_reduce = originals["reduce_per_replica"]
 
     def _maybe_symbolic_build(self, iterator=None, data_batch=None):
-        strategy = self._distribute_strategy
-        if iterator is None or not _is_tfcompress_multiworker(strategy):
+        strategy = internal.keras3_model_strategy(self)
+        if iterator is None or not _is_fixed_multiworker(strategy):
             return original_build(self, iterator=iterator, data_batch=data_batch)
         for _, _, it in iterator:
             batch = next(it)
-            data_batch = tree.map_structure(
+            data_batch = internal.keras3_map_structure(
                 lambda v: (
                     strategy.experimental_local_results(v)[0]
                     if isinstance(v, tf.distribute.DistributedValues)
@@ -145,10 +128,10 @@ def install(all_strategies: bool = False) -> bool:
             )
             break
         with strategy.scope():
-            self._symbolic_build(data_batch=data_batch)
+            internal.keras3_symbolic_build(self, data_batch)
 
     def reduce_per_replica(values, strategy, reduction):
-        if reduction not in ("auto", "mean") or not _is_tfcompress_multiworker(strategy):
+        if reduction not in ("auto", "mean") or not _is_fixed_multiworker(strategy):
             return original_reduce(values, strategy, reduction)
 
         def _reduce(v):
@@ -157,12 +140,18 @@ def install(all_strategies: bool = False) -> bool:
                 return strategy.reduce("MEAN", v, axis=None if rank == 0 else 0)
             return v
 
-        return tree.map_structure(_reduce, values)
+        return internal.keras3_map_structure(_reduce, values)
 
-    _maybe_symbolic_build.__tfcompress_original__ = original_build
-    reduce_per_replica.__tfcompress_original__ = original_reduce
-    trainer.TensorFlowTrainer._maybe_symbolic_build = _maybe_symbolic_build
-    trainer.reduce_per_replica = reduce_per_replica
-    _installed = True
+    internal.replace_keras3_fit_functions(
+        {
+            "TensorFlowTrainer._maybe_symbolic_build": _maybe_symbolic_build,
+            "reduce_per_replica": reduce_per_replica,
+        }
+    )
     _log.info("tfcompress: Keras %s multi-worker fit fix installed", version)
     return True
+
+
+# Importing tfcompress.keras makes Keras 3's multi-worker model.fit work with
+# tfcompress strategies (the strategies themselves never patch Keras).
+install()

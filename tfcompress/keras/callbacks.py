@@ -9,9 +9,9 @@ scalars.
 The callbacks are thin Keras classes over plain bookkeeping objects that know
 nothing about Keras (``_TrafficWindow``, ``_figures``); the Keras classes only
 read the strategy's counters at the right hooks. They subclass Keras 3's
-``keras.callbacks.Callback`` and also implement the few extra methods tf-keras'
-``CallbackList`` calls on every callback (``_implements_*_batch_hooks``,
-``_supports_tf_logs``), so the same object works in ``model.fit`` of both
+``keras.callbacks.Callback`` and mix in :class:`tfcompress._internal.TfKerasCallbackHooks`,
+the few private methods tf-keras' ``CallbackList`` calls on every callback,
+so the same object works in ``model.fit`` of both
 Keras 3 and tf-keras (``import tf_keras`` or ``TF_USE_LEGACY_KERAS=1``):
 neither Keras checks a callback's class, both call its hooks by name.
 """
@@ -24,7 +24,11 @@ from collections.abc import Callable, Mapping
 
 import keras
 import tensorflow as tf
-from tensorflow.core.framework import summary_pb2
+
+from tfcompress import _internal as internal
+from tfcompress import distribute
+from tfcompress.keras.schedule import CompressionSchedule
+from tfcompress.keras.state import strategy_of, tfcompress_strategy_of, track_compression_state
 
 __all__ = ["CompressionMonitor", "CompressionSchedule"]
 
@@ -40,7 +44,7 @@ _COUNTERS = (
 _GATHERED = "bytes_gathered"
 
 
-class CompressionMonitor(keras.callbacks.Callback):
+class CompressionMonitor(internal.TfKerasCallbackHooks, keras.callbacks.Callback):
     """Adds compression figures to the Keras logs and, optionally, to TensorBoard.
 
     Every ``log_every`` training steps and at the end of every epoch, the logs
@@ -133,7 +137,6 @@ class CompressionMonitor(keras.callbacks.Callback):
     # tf-keras' CallbackList asks every callback whether it takes tensors in
     # logs (yes: it only adds numbers to them, so tf-keras need not fetch the
     # step's logs for it) and which batch hooks it implements.
-    _supports_tf_logs = True
 
     def __init__(
         self,
@@ -167,34 +170,18 @@ class CompressionMonitor(keras.callbacks.Callback):
         self._in_epoch = False
         self._step = 0
 
-    # -- tf-keras' CallbackList protocol -----------------------------------------------------
-
-    def _implements_train_batch_hooks(self) -> bool:
-        return True
-
-    def _implements_test_batch_hooks(self) -> bool:
-        return False
-
-    def _implements_predict_batch_hooks(self) -> bool:
-        return False
-
     # -- hooks -------------------------------------------------------------------------------
 
     def set_model(self, model):
         super().set_model(model)
-        from tfcompress.distribute import is_compressed_strategy  # noqa: PLC0415 - import cycle
-        from tfcompress.keras.state import strategy_of, track_compression_state  # noqa: PLC0415
 
         # Checkpoints of a model trained with the monitor (BackupAndRestore,
         # ModelCheckpoint, tf.train.Checkpoint) include the compressor state;
         # a model without a tfcompress strategy fails in on_train_begin.
-        if is_compressed_strategy(strategy_of(model)):
+        if distribute.is_compressed_strategy(strategy_of(model)):
             track_compression_state(model)
 
     def on_train_begin(self, logs=None):
-        from tfcompress import distribute  # noqa: PLC0415 - tfcompress.distribute imports this package
-        from tfcompress.keras.state import tfcompress_strategy_of  # noqa: PLC0415
-
         self.strategy = tfcompress_strategy_of(self.model, "CompressionMonitor")
 
         strategy = self.strategy
@@ -384,10 +371,7 @@ class _ScalarWriter:
     so the monitor needs no extra package.
     """
 
-    _METADATA = summary_pb2.SummaryMetadata(
-        plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars"),
-        data_class=summary_pb2.DATA_CLASS_SCALAR,
-    )
+    _METADATA = internal.scalar_summary_metadata()
 
     def __init__(self, directory: str):
         self.directory = directory
@@ -416,7 +400,3 @@ def _optimizer_step(model) -> int:
         return int(model.optimizer.iterations.numpy())
     except (AttributeError, TypeError, ValueError):
         return 0
-
-
-# Re-exported so that all tfcompress callbacks live under tfcompress.keras.callbacks.
-from tfcompress.keras.schedule import CompressionSchedule  # noqa: E402

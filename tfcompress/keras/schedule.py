@@ -8,6 +8,8 @@ from collections.abc import Mapping
 
 import keras
 
+from tfcompress import _internal as internal
+from tfcompress import distribute
 from tfcompress.compressors import Compressor, Identity, Switch, registry
 from tfcompress.keras.state import tfcompress_strategy_of, track_compression_state
 
@@ -74,7 +76,7 @@ def _phases_needed(strategy_compressor, schedule: Mapping) -> list:
     return phases
 
 
-class CompressionSchedule(keras.callbacks.Callback):
+class CompressionSchedule(internal.TfKerasCallbackHooks, keras.callbacks.Callback):
     """Uncompressed warm-up, then compression; or compressor changes at given epochs/steps.
 
     The phases run inside one traced training step: the strategy's
@@ -120,8 +122,6 @@ class CompressionSchedule(keras.callbacks.Callback):
             tfcompress.keras.callbacks.CompressionSchedule(warmup_epochs=1)])
     """
 
-    _supports_tf_logs = True
-
     def __init__(
         self,
         schedule: Mapping[int, int | Compressor | str | None] | None = None,
@@ -146,22 +146,13 @@ class CompressionSchedule(keras.callbacks.Callback):
         self.warmup = warmup
         self.unit = unit
         self.plan: PhasePlan | None = None
-        self._step_hooks = unit == "step"
 
-    # tf-keras' CallbackList protocol
-    def _implements_train_batch_hooks(self) -> bool:
-        return self._step_hooks
-
-    def _implements_test_batch_hooks(self) -> bool:
-        return False
-
-    def _implements_predict_batch_hooks(self) -> bool:
-        return False
+    def uses_train_batch_hooks(self) -> bool:
+        """Batch hooks are needed only for a schedule in steps (tf-keras skips them otherwise)."""
+        return self.unit == "step"
 
     def set_model(self, model):
         super().set_model(model)
-        from tfcompress import distribute  # noqa: PLC0415 - distribute imports tfcompress.keras
-
         strategy = tfcompress_strategy_of(model, "CompressionSchedule")
         compressor = distribute.compression_of(strategy)
         if not isinstance(compressor, Switch):

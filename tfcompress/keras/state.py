@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from tfcompress.distribute import strategy as _strategy
+from tfcompress import _internal as internal
+from tfcompress import distribute
 
 __all__ = [
     "STATE_ATTRIBUTE",
@@ -19,10 +20,7 @@ STATE_ATTRIBUTE = "tfcompress_compression_state"
 
 def strategy_of(model) -> tf.distribute.Strategy:
     """The strategy a Keras model (tf-keras or Keras 3) trains under."""
-    strategy = getattr(model, "distribute_strategy", None)
-    if strategy is None:
-        strategy = getattr(model, "_distribute_strategy", None)
-    return strategy or tf.distribute.get_strategy()
+    return internal.model_strategy(model)
 
 
 def tfcompress_strategy_of(model, user: str) -> tf.distribute.Strategy:
@@ -36,7 +34,7 @@ def tfcompress_strategy_of(model, user: str) -> tf.distribute.Strategy:
       ValueError: when the model's strategy was not made by tfcompress.
     """
     strategy = strategy_of(model)
-    if not _strategy.is_compressed_strategy(strategy):
+    if not distribute.is_compressed_strategy(strategy):
         raise ValueError(
             f"{user} needs a model built and compiled under a tfcompress strategy "
             "(tfcompress.distribute.MultiWorkerMirroredStrategy or MirroredStrategy, inside "
@@ -74,34 +72,12 @@ def track_compression_state(model, strategy: tf.distribute.Strategy | None = Non
     """
     if strategy is None:
         strategy = tfcompress_strategy_of(model, "track_compression_state")
-    elif not _strategy.is_compressed_strategy(strategy):
+    elif not distribute.is_compressed_strategy(strategy):
         raise ValueError(
             f"track_compression_state needs a tfcompress strategy, got {type(strategy).__name__}"
         )
-    state = _strategy.compression_state(strategy)
+    state = distribute.compression_state(strategy)
     holder = getattr(model, STATE_ATTRIBUTE, None)
-    if not isinstance(holder, _CheckpointOnly) or holder.state is not state:
-        setattr(model, STATE_ATTRIBUTE, _CheckpointOnly(state))
+    if not isinstance(holder, internal.CheckpointOnlyHolder) or holder.state is not state:
+        setattr(model, STATE_ATTRIBUTE, internal.CheckpointOnlyHolder(state))
     return state
-
-
-class _CheckpointOnly(tf.__internal__.tracking.Trackable):
-    """Holds the state for checkpoints and hides it from SavedModel exports.
-
-    A SavedModel is for serving (and is often written by the chief alone,
-    where gathering every worker's state would wait for the others), so the
-    holder has no children when TensorFlow saves a SavedModel.
-    """
-
-    def __init__(self, state):
-        self.state = state
-
-    def _trackable_children(self, save_type="checkpoint", **kwargs):
-        del kwargs
-        if str(getattr(save_type, "value", save_type)) == "savedmodel":
-            return {}
-        return {"state": self.state}
-
-    def _lookup_dependency(self, name, cached_dependencies=None):
-        del cached_dependencies
-        return self.state if name == "state" else None

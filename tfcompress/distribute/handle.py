@@ -1,0 +1,111 @@
+"""The one handle through which tfcompress finds what it added to a strategy.
+
+A compressing strategy is TensorFlow's own strategy object whose cross-device
+ops are a :class:`~tfcompress.distribute.CompressingCollectiveAllReduce`.
+Everything tfcompress keeps for that strategy lives in one
+:class:`CompressionHandle`, built once by the factory and passed to the
+cross-device ops' constructor:
+
+* the compressor (the only place it is stored) and the policy;
+* the traffic counters;
+* the checkpointable :class:`~tfcompress.distribute.CompressionState`.
+
+Everything else looks it up with :func:`tfcompress.distribute.handle_of` (strategy -> its
+cross-device ops -> their handle) instead of reading attributes set on the
+strategy after construction.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import tensorflow as tf
+
+from tfcompress import _internal as internal
+from tfcompress.compressors.base import Compressor
+from tfcompress.distribute.accounting import TrafficCounters
+from tfcompress.distribute.checkpointing import CompressionState
+from tfcompress.distribute.policy import CompressionPolicy
+
+__all__ = [
+    "CompressionHandle",
+    "first_global_replica",
+    "settings_digest",
+    "settings_text",
+]
+
+
+def settings_text(compressor: Compressor | None, policy: CompressionPolicy) -> str:
+    """Text that identifies compression settings (checked across workers and checkpoints)."""
+    return f"compression={compressor!r}, policy={policy!r}"
+
+
+def settings_digest(compressor: Compressor | None, policy: CompressionPolicy) -> int:
+    """A 56-bit digest of :func:`settings_text` (int64-safe, for a collective gather)."""
+    text = settings_text(compressor, policy)
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:7], "little")
+
+
+def first_global_replica(devices) -> int:
+    """Global index of the first of this worker's replicas (workers hold equal device counts)."""
+    task = tf.DeviceSpec.from_string(devices[0]).task or 0
+    return task * len(devices)
+
+
+class CompressionHandle:
+    """Compressor, policy, counters and state of one compressing strategy.
+
+    Args:
+      compressor: a compressor, or ``None`` for exact aggregation (the
+        traffic is still counted).
+      policy: which tensors are compressed.
+      counters: this worker's traffic counters.
+      state: the checkpointable compressor state; ``None`` for cross-device
+        ops built directly rather than by a strategy factory (nothing to
+        gather with, so nothing is checkpointed).
+    """
+
+    def __init__(
+        self,
+        compressor: Compressor | None,
+        policy: CompressionPolicy,
+        counters: TrafficCounters,
+        state: CompressionState | None = None,
+    ):
+        self._compressor = compressor
+        self.policy = policy
+        self.counters = counters
+        self.state = state
+
+    @property
+    def compressor(self) -> Compressor | None:
+        """The compressor new aggregations are traced with."""
+        return self._compressor
+
+    def set_compressor(self, compressor: Compressor | None) -> None:
+        """Replaces the compressor; the old one's state is forgotten.
+
+        Cross-device ops rebind their tensors to the new compressor the next
+        time a function is traced; the checkpointable state starts empty with
+        the new settings.
+        """
+        self._compressor = compressor
+        if self.state is not None:
+            self.state.reset(settings_text(compressor, self.policy))
+
+    def __repr__(self) -> str:
+        return f"CompressionHandle({settings_text(self._compressor, self.policy)})"
+
+    @classmethod
+    def for_strategy(
+        cls, strategy: tf.distribute.Strategy, compressor: Compressor | None, policy
+    ) -> CompressionHandle:
+        """A handle with checkpointable state for ``strategy`` (used by the factories)."""
+        devices = internal.devices_of(internal.cross_device_ops_of(strategy))
+        state = CompressionState(
+            strategy,
+            settings_text(compressor, policy),
+            first_global_replica=first_global_replica(devices),
+            num_local_replicas=len(devices),
+        )
+        return cls(compressor, policy, TrafficCounters(devices[0]), state)
