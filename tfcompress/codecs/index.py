@@ -358,8 +358,8 @@ class BloomFilter(IndexCodec):
         header = tf.concat(
             [
                 tf.cast(tf.stack([k, BLOOM_POLICIES.index(self.policy)]), tf.uint8),
-                _uint64_bytes(m),
-                _uint64_bytes(r),
+                _ops.uint64_bytes(m),
+                _ops.uint64_bytes(r),
             ],
             axis=0,
         )
@@ -380,8 +380,8 @@ class BloomFilter(IndexCodec):
         with tf.control_dependencies(checks):
             k = tf.cast(data[0], tf.int64)
             policy = tf.cast(data[1], tf.int64)
-            m = _read_uint64(data[2:10])
-            r = _read_uint64(data[10:18])
+            m = _ops.read_uint64(data[2:10])
+            r = _ops.read_uint64(data[10:18])
             code = BLOOM_POLICIES.index(self.policy)
             checks = _corrupted(k >= 1, "zero hashes (k = 0)")
             checks += _corrupted(
@@ -501,14 +501,3 @@ def _seed(seed: TensorLike) -> tf.Tensor:
 
 def _corrupted(condition: tf.Tensor, *parts: str | tf.Tensor) -> list[tf.Operation]:
     return _require(condition, lambda: ["BloomFilter: corrupted payload: ", *parts])
-
-
-def _read_uint64(data: tf.Tensor) -> tf.Tensor:
-    shifts = tf.cast(tf.range(0, 64, 8, dtype=tf.int64), tf.uint64)
-    return tf.reduce_sum(tf.bitwise.left_shift(tf.cast(data, tf.uint64), shifts))
-
-
-def _uint64_bytes(value: tf.Tensor) -> tf.Tensor:
-    shifts = tf.cast(tf.range(0, 64, 8, dtype=tf.int64), tf.uint64)
-    shifted = tf.bitwise.right_shift(tf.cast(value, tf.uint64), shifts)
-    return tf.cast(tf.bitwise.bitwise_and(shifted, tf.constant(255, tf.uint64)), tf.uint8)

@@ -4,7 +4,18 @@ The C++ kernels (``custom_ops/`` in the source tree) are compiled against the
 installed TensorFlow on first use and cached; ``python -m tfcompress.ops build``
 compiles them ahead of time. ``TFCOMPRESS_OPS=auto|kernel|reference`` (or
 :func:`set_implementation`) chooses between the kernels and the references,
-which give bit-identical results.
+which give bit-identical results; every op's ``*_reference`` twin always runs
+the reference.
+
+Layout: :mod:`~tfcompress.ops.bitpack`, :mod:`~tfcompress.ops.quantize`,
+:mod:`~tfcompress.ops.sparsify`, :mod:`~tfcompress.ops.index_codecs` and
+:mod:`~tfcompress.ops.value_codecs` hold the public wrappers, their
+conventions and their argument conversion (shared converters in
+:mod:`~tfcompress.ops.convert`, run-time checks in
+:mod:`~tfcompress.ops.checks`); :mod:`tfcompress.ops.reference` holds the
+pure-TensorFlow references; each op is defined once, by
+:func:`tfcompress.ops._define.define_op`, which makes its wrapper and twin;
+:mod:`tfcompress.ops._loader` builds and loads the kernels.
 """
 
 from tfcompress.ops._build import BuildError, CompilerNotFoundError, build
@@ -19,9 +30,11 @@ from tfcompress.ops.bitpack import (
     pack_bits,
     pack_bits_reference,
     pack_signs,
+    pack_signs_reference,
     unpack_bits,
     unpack_bits_reference,
     unpack_signs,
+    unpack_signs_reference,
 )
 from tfcompress.ops.index_codecs import (
     bitmap_decode,
@@ -81,10 +94,12 @@ __all__ = [
     "pack_bits",
     "pack_bits_reference",
     "pack_signs",
+    "pack_signs_reference",
     "set_implementation",
     "unpack_bits",
     "unpack_bits_reference",
     "unpack_signs",
+    "unpack_signs_reference",
     "qsgd_bits_per_element",
     "qsgd_decode",
     "qsgd_decode_reference",

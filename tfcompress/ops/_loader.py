@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import os
 import pathlib
+import sys
 import threading
 import types
 import warnings
@@ -203,7 +204,7 @@ def use_kernel() -> bool:
         with _lock:
             if not _fallback_warned:
                 _fallback_warned = True
-                warnings.warn(_fallback_message(error), RuntimeWarning, stacklevel=3)
+                warnings.warn(_fallback_message(error), RuntimeWarning, stacklevel=_caller_level())
         return False
     return True
 
@@ -216,6 +217,15 @@ def kernel_op(name: str) -> Callable[..., Any]:
     """
     # TensorFlow's generated wrappers spell ">" as "_": TFCompress_PackBits.
     return getattr(load_library(), op_name(name).replace(">", "_"))
+
+
+def _caller_level() -> int:
+    """The ``stacklevel`` of the first caller outside tfcompress.ops (the op's user)."""
+    package = str(pathlib.Path(__file__).parent)
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_code.co_filename.startswith(package):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def _fallback_message(error: Exception) -> str:
