@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 
 import tfcompress
-from tests.compressors.conformance import SHAPES, CompressorConformance, random_tensor
+from tests.compressors.conformance import CompressorConformance
 from tests.multiworker import ROOT, run_workers
 from tests.numerics import record_training, training_seed
 from tfcompress.compressors import ErrorFeedback, Identity, TensorContext, payload_nbytes
@@ -73,60 +73,39 @@ def gradients(num_replicas, shape, step, dtype=tf.float32):
 
 
 class TestDIANAConformance(CompressorConformance):
+    num_variables = 3  # h_i, h, the quantizer's step
+
     def make(self):
         return DIANA(PQuant(p=2, block_size=8, seed=3))
 
     def expected_payload_nbytes(self, shape, dtype):
         return PQuant(p=2, block_size=8).wire_nbytes(int(np.prod(shape)))
 
-    @pytest.mark.parametrize("dtype", [tf.float16, tf.float32, tf.float64], ids=lambda d: d.name)
-    def test_payload_nbytes_formula(self, dtype):
-        for shape in SHAPES:  # one DIANA per tensor: its shifts have the tensor's shape
-            payload = self.make().compress(random_tensor(shape, dtype))
-            assert int(payload_nbytes(payload)) == self.expected_payload_nbytes(shape, dtype)
+    def needs_static_shape(self, variant):
+        return True  # the shifts have the tensor's shape
 
-    def test_tf_function_matches_eager(self):
-        x = random_tensor((6, 7), tf.float32, seed=3)
-        eager, graph = self.make(), self.make()
-        fn = tf.function(lambda t: graph.decompress(graph.compress(t)))
-        for _ in range(3):  # shifts and noise evolve identically
-            np.testing.assert_array_equal(
-                eager.decompress(eager.compress(x)).numpy(), fn(x).numpy()
-            )
-        for a, b in zip(eager.variables, graph.variables, strict=True):
-            np.testing.assert_array_equal(a.numpy(), b.numpy())
-
-    def test_unknown_static_shape_in_tf_function(self):
-        c = self.make()
-        fn = tf.function(
-            lambda t: c.decompress(c.compress(t)),
-            input_signature=[tf.TensorSpec([None, 3], tf.float32)],
-        )
-        with pytest.raises(ValueError, match="static shape"):
-            fn(tf.zeros([4, 3]))
-
-    def test_summable_claim(self):
-        # The sum over replicas, exactly, when the inner compressor is exact.
+    def test_summable_claim(self, variant, implementation):
+        """The sum over the replicas, exactly, when the inner compressor is exact."""
+        del implementation
+        replicas = 3 if variant.bound else 1  # unbound: one worker of a group of one
         for inner in (ExactUnbiased(), _ExactGathered()):
-            bound = bind_replicas(DIANA(inner, alpha=0.5), 3, [64])
+            diana = DIANA(inner, alpha=0.5)
+            bound = bind_replicas(diana, replicas, [64]) if variant.bound else [diana]
             for step in range(3):
-                xs = gradients(3, [64], step)
+                xs = gradients(replicas, [64], step)
                 results = exchange(bound, xs)
                 for r in results:
                     np.testing.assert_allclose(r.numpy(), tf.add_n(xs).numpy(), atol=1e-5)
 
-    def test_checkpoint_round_trip(self, tmp_path):
-        c = self.make()
-        c.decompress(c.compress(tf.constant([1.0, -2.0, 3.0])))
-        assert len(c.variables) == 3  # h_i, h, the quantizer's step
-        super().test_checkpoint_round_trip(tmp_path)
-
-    def test_config_is_reconstructible(self):
+    def test_config_is_reconstructible(self, variant):
         # (DIANA joins the registry in registry.py; rebuilt from its class here.)
-        c = DIANA(PQuant(p="inf", block_size=16, seed=1), alpha=0.05, momentum=0.5)
-        again = DIANA(**c.get_config())
-        assert again.get_config() == c.get_config()
-        assert repr(again) == repr(c)
+        for c in (
+            self.bound(variant, (16,), tf.float32),
+            DIANA(PQuant(p="inf", block_size=16, seed=1), alpha=0.05, momentum=0.5),
+        ):
+            again = DIANA(**c.get_config())
+            assert again.get_config() == c.get_config()
+            assert repr(again) == repr(c)
 
 
 class _ExactGathered(ExactUnbiased):

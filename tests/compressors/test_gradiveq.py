@@ -344,14 +344,54 @@ def test_checkpoint_mid_schedule_reproduces_next_payloads(tmp_path):
         np.testing.assert_array_equal(dg[0], dw[0])
 
 
-# -- the standard compressor tests (outside the protocol GradiVeQ is its exact branch) --------
+# -- the standard compressor tests --------------------------------------------------------------
 
 
 class TestGradiVeQConformance(CompressorConformance):
+    """Unbound, GradiVeQ is its exact branch; bound, every branch of its schedule.
+
+    A fresh layer has no basis yet (``valid = 0``), so its compressed branch
+    sends the raw slices: exact, with the coefficient payload's layout.
+    """
+
     round_trip_rtol = {"float16": 0.0, "bfloat16": 0.0, "float32": 0.0, "float64": 0.0}
+    num_branches = 2  # exact, compressed
 
     def make(self):
         return GradiVeQ(warmup_steps=0, sampling_steps=2, compressed_steps=2)
 
     def expected_payload_nbytes(self, shape, dtype):
         return int(np.prod(shape)) * dtype.size
+
+    def expected_branch_payload_nbytes(self, shape, dtype, branch):
+        if branch < self.num_branches - 1:
+            return super().expected_branch_payload_nbytes(shape, dtype, branch)
+        k, s, _, _ = slice_geometry(shape)
+        itemsize = 8 if dtype == tf.float64 else 4
+        return k * s * itemsize + 4  # the raw slices [K, S], and the fingerprint
+
+    def usable(self, variant, shape, dtype):
+        # Bound, the layer slices the tensor: it needs a static, non-empty shape.
+        sliceable = not variant.bound or int(np.prod(shape)) > 0
+        return sliceable and super().usable(variant, shape, dtype)
+
+    def needs_static_shape(self, variant):
+        return variant.bound
+
+
+class TestGradiVeQSampledByQSGDConformance(TestGradiVeQConformance):
+    """With a sampling compressor: exact, QSGD sampling and compressed branches."""
+
+    num_branches = 3
+
+    def make(self):
+        return GradiVeQ(warmup_steps=0, sampling_steps=2, compressed_steps=2, sampling="qsgd")
+
+    def expected_branch_payload_nbytes(self, shape, dtype, branch):
+        if branch != 1:
+            return super().expected_branch_payload_nbytes(shape, dtype, branch)
+        n = int(np.prod(shape))  # 4-bit QSGD, buckets of 512: 5 bits per element
+        return 4 * -(-n // 512) + (n * 5 + 7) // 8
+
+    def tolerance(self, dtype, variant):
+        return None if variant.branch == 1 else super().tolerance(dtype, variant)

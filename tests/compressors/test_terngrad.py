@@ -41,8 +41,8 @@ class TestTernGrad(SeededStochasticConformance):
     def expected_payload_nbytes(self, shape, dtype):
         return 4 + (int(np.prod(shape)) * 2 + 7) // 8
 
-    def test_config_is_reconstructible(self):
-        c = self.make()
+    def test_config_is_reconstructible(self, variant):
+        c = self.bound(variant, (10,), tf.float32)
         again = type(c)(**c.get_config())
         assert again.get_config() == c.get_config()
 
@@ -50,14 +50,6 @@ class TestTernGrad(SeededStochasticConformance):
 class TestTernGradClipped(TestTernGrad):
     def make(self):
         return TernGrad(clip=2.5, seed=5)
-
-    def test_summable_claim(self):
-        """Clipped TernGrad is biased: aggregate is still the sum of the decoded payloads."""
-        c = self.make()
-        payloads = [c.compress(random_tensor((64,), tf.float32, seed=s)) for s in range(3)]
-        np.testing.assert_array_equal(
-            c.aggregate(payloads).numpy(), tf.add_n([c.decompress(p) for p in payloads]).numpy()
-        )
 
 
 # --- statistics ---------------------------------------------------------------

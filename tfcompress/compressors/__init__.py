@@ -1,4 +1,12 @@
-"""Gradient compressors: ``compress`` -> payload -> ``decompress``."""
+"""Gradient compressors: ``compress`` -> payload -> ``decompress``.
+
+Layout (every module imports downward only): ``state`` (worker-local
+variables, :class:`StepCounter`, :class:`SeededNoise`) <- ``base`` (the
+:class:`Compressor` contract and its ``bind`` protocol) <- ``registry``
+(names -> classes) and ``sparsifier`` (the :class:`Sparsifier` interface) <-
+one module per algorithm, each registering its classes <- this package, which
+only re-exports.
+"""
 
 from tfcompress.compressors.base import Compressor, Payload, Schedule, payload_nbytes
 from tfcompress.compressors.deepreduce import DeepReduce
@@ -12,7 +20,14 @@ from tfcompress.compressors.qsgd import QSGD
 from tfcompress.compressors.randomk import RandomK
 from tfcompress.compressors.registry import available, get, register
 from tfcompress.compressors.signsgd import SignSGD
-from tfcompress.compressors.state import TensorContext, local_variable, stateless_seed
+from tfcompress.compressors.sparsifier import Selection, Sparsifier
+from tfcompress.compressors.state import (
+    SeededNoise,
+    StepCounter,
+    TensorContext,
+    local_variable,
+    stateless_seed,
+)
 from tfcompress.compressors.switch import Switch
 from tfcompress.compressors.terngrad import TernGrad
 from tfcompress.compressors.topk import Threshold, TopK
@@ -30,7 +45,11 @@ __all__ = [
     "Payload",
     "RandomK",
     "Schedule",
+    "SeededNoise",
+    "Selection",
     "SignSGD",
+    "Sparsifier",
+    "StepCounter",
     "Switch",
     "TensorContext",
     "TernGrad",

@@ -13,8 +13,21 @@ cross-device ops choose the collective from one flag:
   may differ per worker) and every worker decodes all of them and combines
   them with ``aggregate`` (by default the sum of the decompressed tensors).
 
-State (error memories, shifts, bases) lives in ``tf.Variable``s listed by
-``variables`` so that ``tf.train.Checkpoint`` saves and restores it.
+State (error memories, shifts, bases, step counters) lives in
+``tf.Variable``s listed by ``variables`` so that ``tf.train.Checkpoint`` saves
+and restores it. Every compressor binds the same way (:meth:`Compressor.bind`):
+a stateless compressor is its own bound form; a stateful one
+(``stateful = True``) returns a shallow copy that knows its
+:class:`~tfcompress.compressors.state.TensorContext` and whose state was made
+by :meth:`Compressor.build_state`, the one place where a compressor creates
+variables (wrappers bind the compressors they wrap there, the same way).
+Used unbound (eagerly, in tests), a stateful compressor builds the same state
+on first use for the default context (:meth:`Compressor.ensure_state`).
+
+Layers: :mod:`~tfcompress.compressors.state` (variables, counters, seeds) <-
+this module <- :mod:`~tfcompress.compressors.registry` and the sparsifier
+interface (:mod:`~tfcompress.compressors.sparsifier`) <- one module per
+algorithm <- the package's ``__init__``; every module imports downward only.
 
 *Phased* compressors change their wire format over time (GradiVeQ's sampling
 and compressed iterations, a warm-up schedule). They return a
@@ -26,6 +39,7 @@ cross-device ops choose the phase of each aggregation in the graph
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections.abc import Mapping, Sequence
 
@@ -33,7 +47,16 @@ import tensorflow as tf
 
 from tfcompress.compressors.state import TensorContext
 
-__all__ = ["Compressor", "Payload", "Schedule", "TensorContext", "payload_nbytes"]
+__all__ = [
+    "Compressor",
+    "Payload",
+    "Schedule",
+    "TensorContext",
+    "num_elements",
+    "payload_nbytes",
+]
+
+_UNBOUND = TensorContext()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,6 +81,19 @@ class Payload:
     def replace(self, tensors: Mapping[str, tf.Tensor]) -> Payload:
         """Returns the same payload metadata around other tensors (e.g. the sum)."""
         return dataclasses.replace(self, tensors=dict(tensors))
+
+    @property
+    def num_elements(self) -> int | tf.Tensor:
+        """Elements of the original tensor: a Python int for a static shape, else int64."""
+        if self.shape.is_fully_defined():
+            return self.shape.num_elements()
+        return tf.reduce_prod(tf.cast(self.dense_shape, tf.int64))
+
+
+def num_elements(x: tf.Tensor) -> int | tf.Tensor:
+    """Elements of ``x``: a Python int for a static shape, else an int64 scalar tensor."""
+    static = x.shape.num_elements()
+    return static if static is not None else tf.size(x, out_type=tf.int64)
 
 
 def payload_nbytes(payload: Payload) -> tf.Tensor:
@@ -125,17 +161,77 @@ class Compressor:
     #: path); otherwise TensorFlow aggregates them exactly.
     supports_indexed_slices: bool = False
 
+    #: True when the compressor keeps per-tensor state (counters, memories,
+    #: shifts): :meth:`bind` then returns a copy that owns it.
+    stateful: bool = False
+    #: The context of a bound copy (set by :meth:`bind`); ``None`` when unbound.
+    _bound_context: TensorContext | None = None
+    #: Whether :meth:`build_state` ran on this object.
+    _state_built: bool = False
+
+    # -- binding: the one protocol -----------------------------------------------------------
+
     def bind(self, context: TensorContext) -> Compressor:
         """Returns the compressor to use for one tensor of one replica.
 
         The cross-device ops call this once per (tensor key, local replica) and
-        reuse the result on every step and retrace. Stateless compressors
-        return ``self``; stateful ones return a copy that owns the tensor's
-        state (created with :func:`tfcompress.compressors.state.local_variable`
-        on ``context.device``).
+        reuse the result on every step and retrace. Every compressor binds
+        through this method: a stateless compressor returns ``self``; a
+        stateful one returns :meth:`bound_copy` with ``context`` set, on which
+        :meth:`build_state` creates the tensor's state (variables made with
+        :func:`~tfcompress.compressors.state.local_variable` or a
+        :class:`~tfcompress.compressors.state.StepCounter` on
+        ``context.device``; wrapped compressors bound with their own ``bind``).
+        """
+        if not self.stateful:
+            return self
+        bound = self.bound_copy()
+        bound._bound_context = context
+        bound._state_built = True
+        bound.build_state(context)
+        return bound
+
+    def bound_copy(self) -> Compressor:
+        """The object :meth:`bind` turns into a bound compressor: a shallow copy.
+
+        Compressors whose bound form is another class (GradiVeQ's per-tensor
+        layer) return a fresh instance of it.
+        """
+        return copy.copy(self)
+
+    def build_state(self, context: TensorContext) -> None:
+        """Creates the per-tensor state of a stateful compressor (the one place it is made).
+
+        Called once per bound copy by :meth:`bind`, and once on an unbound
+        compressor by :meth:`ensure_state` (with the default context). It
+        must (re)assign every state attribute, since the copy starts with the
+        attributes of the compressor it was copied from. State that needs the
+        tensor's shape is created here when ``context.shape`` is static, else
+        on first use.
         """
         del context
-        return self
+
+    def ensure_state(self) -> None:
+        """Builds the state of an unbound compressor on first use (a bound one has it).
+
+        Stateful compressors call this at the top of ``compress`` (and of any
+        method that reads their state), so that an unbound compressor works
+        eagerly and in ``tf.function`` as one replica of the default
+        :class:`~tfcompress.compressors.state.TensorContext`.
+        """
+        if not self._state_built:
+            self._state_built = True
+            self.build_state(self.context)
+
+    @property
+    def context(self) -> TensorContext:
+        """The tensor and replica this compressor is bound to (the default context when unbound)."""
+        return self._bound_context if self._bound_context is not None else _UNBOUND
+
+    @property
+    def is_bound(self) -> bool:
+        """True for a compressor returned by a stateful compressor's :meth:`bind`."""
+        return self._bound_context is not None
 
     def schedule(self, replica: int, num_replicas: int, device: str | None) -> Schedule | None:
         """The phase schedule of a phased compressor for one replica (``None``: not phased).

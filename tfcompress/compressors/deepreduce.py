@@ -6,19 +6,20 @@ Communication Framework for Federated Deep Learning" (NeurIPS 2021).
 Pipeline of :meth:`DeepReduce.compress` for a gradient ``g`` with ``d``
 elements (flattened in C order)::
 
-    S  = sparsifier(g)                      # ascending positions, |S| = r
+    S  = sparsifier.select(g, t).indices    # ascending positions, |S| = r
     E  = index_codec.encode(S, d, seed_t)   # bytes + the positions P it decodes to
-    v  = g[P]                               # re-read at the decoded positions
+    v  = g[P] * sparsifier.value_scale(d)   # re-read at the decoded positions
     B  = value_codec.encode(v, seed_t,w)    # bytes
     payload = container(header, E, B)       # one uint8 tensor (tfcompress.codecs.container)
 
 and :meth:`DeepReduce.decompress` parses the container, decodes ``P`` and
-``v`` and scatters ``v`` into a zero tensor of ``g``'s shape.
+``v`` and scatters ``v`` into a zero tensor of ``g``'s shape. The sparsifier
+is used only through the interface of :mod:`tfcompress.compressors.sparsifier`
+(``select`` and ``value_scale``), so any :class:`Sparsifier` fits.
 """
 
 from __future__ import annotations
 
-import copy
 import numbers
 from collections.abc import Sequence
 
@@ -27,25 +28,19 @@ import tensorflow as tf
 from tfcompress.codecs import container
 from tfcompress.codecs.index import INDEX_CODECS, IndexCodec, get_index_codec
 from tfcompress.codecs.values import VALUE_CODECS_BY_ID, ValueCodec, get_value_codec
-from tfcompress.compressors.base import Compressor, Payload
-from tfcompress.compressors.randomk import RandomK
-from tfcompress.compressors.state import TensorContext, local_variable, stateless_seed
-from tfcompress.compressors.topk import (
-    Threshold,
-    TopK,
-    _num_elements,
-    _payload_num_elements,
-    selected_count,
+from tfcompress.compressors.base import Compressor, Payload, num_elements
+from tfcompress.compressors.registry import register
+from tfcompress.compressors.sparsifier import Sparsifier
+from tfcompress.compressors.state import (
+    SeededNoise,
+    StepCounter,
+    TensorContext,
+    local_variable,
+    state_name,
 )
+from tfcompress.compressors.topk import TopK
 from tfcompress.ops.checks import require
-from tfcompress.ops.sparsify import (
-    MAX_ELEMENTS,
-    graph_name,
-    random_k_indices,
-    sparse_scatter,
-    threshold_select,
-    top_k_magnitudes,
-)
+from tfcompress.ops.sparsify import MAX_ELEMENTS, graph_name, sparse_scatter
 
 __all__ = ["DeepReduce"]
 
@@ -75,6 +70,7 @@ def _known_index_codec_ids(current) -> dict[int, str]:
     return known
 
 
+@register
 class DeepReduce(Compressor):
     """Sparsify, then compress the indices and the values separately (DeepReduce).
 
@@ -113,10 +109,12 @@ class DeepReduce(Compressor):
     Seeds: at aggregation ``t`` of tensor ``key``, randomized index policies
     use ``stateless_seed(seed, key, t, None)`` (the same on every worker,
     so the receiver replays the sender's draw; ``t`` travels in the payload
-    header) and QSGD values ``stateless_seed(seed, key + "/values", t,
-    replica)`` (independent noise per replica). ``t`` is a per-tensor
-    ``tf.Variable`` counter (:attr:`variables`), created by :meth:`bind` or on
-    the first ``compress``.
+    header), QSGD values ``stateless_seed(seed, key + "/values", t,
+    replica)`` (independent noise per replica) and a random sparsifier its
+    own stream ``key + "/randomk"`` (RandomK: ``stateless_seed(sparsifier.seed,
+    key + "/randomk", t, None)``, shared). ``t`` is a per-tensor
+    :class:`~tfcompress.compressors.state.StepCounter` (:attr:`variables`),
+    created by :meth:`bind` or on the first ``compress``.
 
     IndexedSlices (embedding gradients) are encoded without densifying
     (:meth:`compress_indexed_slices`): duplicate rows are summed, the row
@@ -125,8 +123,9 @@ class DeepReduce(Compressor):
     rows already are the sparse part).
 
     Args:
-      sparsifier: ``TopK`` (default ``TopK(ratio=0.01)``), ``Threshold`` or
-        ``RandomK`` (its ``d / k`` rescaling is applied to every value sent).
+      sparsifier: a :class:`~tfcompress.compressors.sparsifier.Sparsifier`:
+        ``TopK`` (default ``TopK(ratio=0.01)``), ``Threshold`` or ``RandomK``
+        (its ``value_scale``, ``d / k``, is applied to every value sent).
       index_codec: index codec name or instance (default ``"bloom"``).
       value_codec: value codec name or instance (default ``"raw"``).
       seed: integer, the same on every worker (default 0).
@@ -140,7 +139,7 @@ class DeepReduce(Compressor):
       ValueError: an unknown codec name (the message lists the valid ones),
         an invalid option (e.g. ``fpr`` outside ``(0, 1)``), ``fpr`` or
         ``policy`` with an index codec other than Bloom, or a sparsifier that
-        is not TopK, Threshold or RandomK.
+        is not a ``Sparsifier``.
 
     Tuning: the index part dominates once values are quantized. Bloom at
     ``eps = 1e-3`` halves the index bytes against int32; ``"p0"`` keeps the
@@ -165,10 +164,11 @@ class DeepReduce(Compressor):
     summable = False
     unbiased = False
     supports_indexed_slices = True
+    stateful = True
 
     def __init__(
         self,
-        sparsifier: Compressor | None = None,
+        sparsifier: Sparsifier | None = None,
         index_codec="bloom",
         value_codec: str | ValueCodec = "raw",
         seed: int = 0,
@@ -178,10 +178,10 @@ class DeepReduce(Compressor):
         policy: str | None = None,
     ):
         sparsifier = TopK(ratio=0.01) if sparsifier is None else sparsifier
-        if not isinstance(sparsifier, TopK | Threshold | RandomK):
+        if not isinstance(sparsifier, Sparsifier):
             raise ValueError(
                 f"DeepReduce(sparsifier={sparsifier!r}): valid sparsifiers are TopK, "
-                "Threshold and RandomK"
+                "Threshold and RandomK, or any tfcompress.compressors.Sparsifier"
             )
         if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
             raise ValueError(f"DeepReduce(seed={seed!r}): `seed` must be an integer")
@@ -211,18 +211,14 @@ class DeepReduce(Compressor):
         self._known_index_ids = _known_index_codec_ids(self.index_codec)
         self._known_value_ids = {i: cls.name for i, cls in VALUE_CODECS_BY_ID.items()}
         self._known_value_ids[int(self.value_codec.codec_id)] = self.value_codec.name
-        self._context = TensorContext()
-        self._step: tf.Variable | None = None
+        self._steps: StepCounter | None = None
         self._false_positive_rate: tf.Variable | None = None
 
     # -- state ------------------------------------------------------------------------------
 
-    def bind(self, context: TensorContext) -> DeepReduce:
-        bound = copy.copy(self)
-        bound._context = context
-        bound._step = self._new_step(context)
-        bound._false_positive_rate = None
-        return bound
+    def build_state(self, context: TensorContext) -> None:
+        self._steps = StepCounter(self.name, context)
+        self._false_positive_rate = None  # made by the first lossy index encoding
 
     def metrics(self) -> dict[str, tf.Tensor]:
         """``bloom_false_positive_rate`` of the last encoded tensor (lossy index codecs).
@@ -240,7 +236,9 @@ class DeepReduce(Compressor):
             return
         if self._false_positive_rate is None:
             self._false_positive_rate = local_variable(
-                lambda: tf.constant(0.0), "deepreduce_false_positive_rate", self._context.device
+                lambda: tf.constant(0.0),
+                state_name("deepreduce_false_positive_rate", self.context),
+                self.context.device,
             )
         indices = tf.cast(indices, tf.int64)
         found = tf.searchsorted(indices, positions)
@@ -252,32 +250,21 @@ class DeepReduce(Compressor):
         negatives = tf.cast(d, tf.float32) - tf.cast(tf.size(indices), tf.float32)
         self._false_positive_rate.assign(false_positions / tf.maximum(negatives, 1.0))
 
-    @staticmethod
-    def _new_step(context: TensorContext) -> tf.Variable:
-        safe_key = "".join(c if c.isalnum() else "_" for c in context.key)
-        with tf.init_scope():
-            initial = tf.constant(0, tf.int64)
-        return local_variable(
-            initial, name=f"deepreduce_step_{safe_key}_r{context.replica}", device=context.device
-        )
-
-    def _next_step(self) -> tf.Tensor:
-        if self._step is None:
-            self._step = self._new_step(self._context)
-        step = self._step.read_value()
-        with tf.control_dependencies([step]):
-            self._step.assign_add(1)
-        return step
-
     @property
     def variables(self) -> tuple[tf.Variable, ...]:
-        return () if self._step is None else (self._step,)
+        return () if self._steps is None else self._steps.variables
+
+    def _next_step(self) -> tf.Tensor:
+        self.ensure_state()
+        return self._steps.next()
 
     def _index_seed(self, step: tf.Tensor) -> tf.Tensor:
-        return stateless_seed(self.seed, self._context.key, step, None)
+        """Shared by every worker: the receiver replays the sender's draw."""
+        return SeededNoise(self.seed, self.context).seed_at(step, shared=True)
 
     def _value_seed(self, step: tf.Tensor) -> tf.Tensor:
-        return stateless_seed(self.seed, self._context.key + "/values", step, self._context.replica)
+        """Independent per replica (stochastic value codecs)."""
+        return SeededNoise(self.seed, self.context).seed_at(step, "/values")
 
     # -- dense tensors ---------------------------------------------------------------------
 
@@ -304,45 +291,24 @@ class DeepReduce(Compressor):
             **layout,
         )
 
-    def _select(self, x: tf.Tensor, flat: tf.Tensor, d, step) -> tuple[tf.Tensor, tf.Tensor | None]:
-        """Ascending int64 positions chosen by the sparsifier, and the value scale."""
-        tensor_name = graph_name(x)
-        if isinstance(self.sparsifier, TopK):
-            _, indices = top_k_magnitudes(flat, self.sparsifier.count(d), tensor_name=tensor_name)
-            return tf.cast(indices, tf.int64), None
-        if isinstance(self.sparsifier, Threshold):
-            _, indices = threshold_select(flat, self.sparsifier.value, tensor_name=tensor_name)
-            return tf.cast(indices, tf.int64), None
-        # RandomK: positions from noise shared by all workers, values rescaled by d / k.
-        flat = tf.debugging.check_numerics(
-            flat, f"DeepReduce: tensor `{tensor_name}` has a non-finite value (NaN or Inf)"
-        )
-        k = selected_count(self.sparsifier.ratio, d)
-        seed = stateless_seed(self.sparsifier.seed, self._context.key + "/randomk", step, None)
-        noise = tf.random.stateless_uniform(
-            tf.reshape(tf.cast(d, tf.int64), [1]),
-            seed=seed,
-            minval=None,
-            maxval=None,
-            dtype=tf.uint32,
-        )
-        indices = tf.sort(tf.cast(random_k_indices(noise, k), tf.int64))
-        scale = tf.cast(d, tf.float32) / tf.cast(tf.maximum(k, 1), tf.float32)
-        return indices, scale
-
     def compress(self, x: tf.Tensor) -> Payload:
         x = self._check_input(x)
-        d = _num_elements(x)
+        d = num_elements(x)
         if isinstance(d, int) and d > MAX_ELEMENTS:
             raise ValueError(f"DeepReduce: tensors of more than {MAX_ELEMENTS} elements")
         flat = tf.reshape(x, [-1])
         step = self._next_step()
-        indices, scale = self._select(x, flat, d, step)
+        # A random sparsifier draws from its own stream, apart from the codecs'.
+        selection = self.sparsifier.select(
+            flat, step, self.context, graph_name(x), stream="/randomk"
+        )
+        indices = tf.cast(selection.indices, tf.int64)
         dense_length = tf.cast(d, tf.int64)
         encoded = self.index_codec.encode(indices, dense_length, self._index_seed(step))
         positions = tf.cast(encoded.positions, tf.int64)
         self._record_false_positives(indices, positions, d)
         values = tf.cast(tf.gather(flat, positions), tf.float32)
+        scale = self.sparsifier.value_scale(d, tf.float32)
         if scale is not None:
             values = values * scale
         value_bytes = self.value_codec.encode(values, self._value_seed(step))
@@ -373,7 +339,7 @@ class DeepReduce(Compressor):
         return positions, tf.cast(values, dtype)
 
     def decompress(self, payload: Payload) -> tf.Tensor:
-        d = _payload_num_elements(payload)
+        d = payload.num_elements
         positions, values = self._decode(payload.tensors["bytes"], payload.dtype, d, 0, 1)
         dense = sparse_scatter(values, tf.cast(positions, tf.int32), d)
         return self._restore_shape(dense, payload)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import math
 import numbers
 import warnings
@@ -11,7 +10,8 @@ from collections.abc import Sequence
 import tensorflow as tf
 
 from tfcompress.compressors.base import Compressor, Payload
-from tfcompress.compressors.state import TensorContext, local_variable
+from tfcompress.compressors.registry import get, register
+from tfcompress.compressors.state import TensorContext, local_variable, state_name
 
 __all__ = ["DIANA"]
 
@@ -21,6 +21,7 @@ _PAPER = (
 )
 
 
+@register
 class DIANA(Compressor):
     """DIANA: quantize ``g_i - h_i`` instead of ``g_i`` (Mishchenko et al., 2019).
 
@@ -100,6 +101,7 @@ class DIANA(Compressor):
     """
 
     name = "diana"
+    stateful = True
     # E[estimate] = mean_i g_i; but the variance is omega * ||g - h||^2, not a
     # multiple of ||g||^2, so omega() is None and DIANA cannot be nested.
     unbiased = True
@@ -110,9 +112,7 @@ class DIANA(Compressor):
         alpha: float | None = None,
         momentum: float | None = None,
     ):
-        from tfcompress.compressors import registry  # noqa: PLC0415 - registry imports compressors
-
-        inner = registry.get(inner)
+        inner = get(inner)
         if not isinstance(inner, Compressor):
             raise ValueError("DIANA(inner=...) needs a compressor, e.g. DIANA(PQuant(p=2))")
         if isinstance(inner, DIANA):
@@ -148,7 +148,6 @@ class DIANA(Compressor):
         self.momentum = momentum
         self.summable = inner.summable
         self.supported_dtypes = inner.supported_dtypes
-        self._context = TensorContext()
         self._bound_inner: Compressor | None = None
         self._tensor_alpha: float | None = None
         self._local_shift: tf.Variable | None = None
@@ -157,43 +156,42 @@ class DIANA(Compressor):
 
     # -- state -------------------------------------------------------------------------------
 
-    def bind(self, context: TensorContext) -> DIANA:
-        bound = copy.copy(self)
-        bound._context = context
-        bound._bound_inner = self.inner.bind(context)
-        bound._tensor_alpha = None
-        bound._local_shift = bound._shift = bound._velocity = None
+    def build_state(self, context: TensorContext) -> None:
+        self._bound_inner = self.inner.bind(context)
+        self._tensor_alpha = None
+        self._local_shift = self._shift = self._velocity = None
         if context.shape is not None and context.shape.is_fully_defined():
-            bound._create_state(context.shape, context.dtype)
-        return bound
+            self._create_shifts(context.shape, context.dtype)
 
     @property
     def _inner(self) -> Compressor:
-        if self._bound_inner is None:
-            self._bound_inner = self.inner.bind(self._context)
+        """The inner compressor bound to this tensor."""
+        self.ensure_state()
         return self._bound_inner
 
-    def _create_state(self, shape: tf.TensorShape, dtype: tf.DType) -> None:
+    def _create_shifts(self, shape: tf.TensorShape, dtype: tf.DType) -> None:
         self._tensor_alpha = self.tensor_alpha(shape.num_elements())
         self._check_alpha(shape.num_elements())
-        safe_key = "".join(c if c.isalnum() else "_" for c in self._context.key)
-        suffix = f"{safe_key}_r{self._context.replica}"
 
-        def zeros(name: str) -> tf.Variable:
+        def zeros(prefix: str) -> tf.Variable:
             return local_variable(
-                lambda: tf.zeros(shape, dtype), name=name, device=self._context.device
+                lambda: tf.zeros(shape, dtype),
+                name=state_name(prefix, self.context),
+                device=self.context.device,
             )
 
-        self._local_shift = zeros(f"diana_local_shift_{suffix}")
-        self._shift = zeros(f"diana_shift_{suffix}")
+        self._local_shift = zeros("diana_local_shift")
+        self._shift = zeros("diana_shift")
         if self.momentum is not None:
-            self._velocity = zeros(f"diana_velocity_{suffix}")
+            self._velocity = zeros("diana_velocity")
 
-    def _ensure_state(self, shape: tf.TensorShape, dtype: tf.DType) -> None:
+    def _shifts_for(self, shape: tf.TensorShape, dtype: tf.DType) -> None:
+        """Creates the shifts of an unbound DIANA for the first tensor; rejects other tensors."""
+        self.ensure_state()
         if self._shift is None:
             if not shape.is_fully_defined():
                 raise ValueError(f"DIANA needs tensors of static shape for its shifts; got {shape}")
-            self._create_state(shape, dtype)
+            self._create_shifts(shape, dtype)
         if shape != self._shift.shape or dtype != self._shift.dtype:
             raise ValueError(
                 f"this DIANA keeps the shifts of a {self._shift.dtype.name}"
@@ -232,8 +230,8 @@ class DIANA(Compressor):
                 self.alpha,
                 limit,
                 f"{self.inner!r} on {num_elements} elements (omega = {omega:.6g}), "
-                f"tensor {self._context.key!r}",
-                stacklevel=5,  # the caller of bind() or of the first compress()
+                f"tensor {self.context.key!r}",
+                stacklevel=6,  # the caller of bind() or of the first compress()
             )
 
     @property
@@ -280,7 +278,7 @@ class DIANA(Compressor):
     @tf.autograph.experimental.do_not_convert
     def compress(self, x: tf.Tensor) -> Payload:
         x = self._check_input(x)
-        self._ensure_state(x.shape, x.dtype)
+        self._shifts_for(x.shape, x.dtype)
         payload = self._inner.compress(x - self._local_shift.read_value())
         # Decoding one's own payload gives exactly the Delta_i the others decode.
         delta = self._inner.decompress(payload)
@@ -289,12 +287,12 @@ class DIANA(Compressor):
 
     @tf.autograph.experimental.do_not_convert
     def decompress(self, payload: Payload) -> tf.Tensor:
-        self._ensure_state(payload.shape, payload.dtype)
+        self._shifts_for(payload.shape, payload.dtype)
         return self._estimate(self._inner.decompress(payload))
 
     @tf.autograph.experimental.do_not_convert
     def aggregate(self, payloads: Sequence[Payload]) -> tf.Tensor:
-        self._ensure_state(payloads[0].shape, payloads[0].dtype)
+        self._shifts_for(payloads[0].shape, payloads[0].dtype)
         return self._estimate(self._inner.aggregate(payloads))
 
     def _estimate(self, delta_sum: tf.Tensor) -> tf.Tensor:
@@ -304,7 +302,7 @@ class DIANA(Compressor):
         operations on one resource in program order.
         """
         dtype = delta_sum.dtype
-        replicas = self._context.num_replicas
+        replicas = self.context.num_replicas
         estimate = tf.constant(replicas, dtype) * self._shift.read_value() + delta_sum
         self._shift.assign_add(tf.constant(self._tensor_alpha / replicas, dtype) * delta_sum)
         if self._velocity is None:

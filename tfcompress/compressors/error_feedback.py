@@ -7,11 +7,13 @@ from collections.abc import Sequence
 import tensorflow as tf
 
 from tfcompress.compressors.base import Compressor, Payload
-from tfcompress.compressors.state import TensorContext, local_variable
+from tfcompress.compressors.registry import get, register
+from tfcompress.compressors.state import TensorContext, local_variable, state_name
 
 __all__ = ["ErrorFeedback"]
 
 
+@register
 class ErrorFeedback(Compressor):
     """Wraps a compressor with a per-tensor residual memory (error feedback).
 
@@ -28,10 +30,11 @@ class ErrorFeedback(Compressor):
 
     The memory is worker state: one ``tf.Variable`` of the gradient's shape
     and dtype per tensor and replica (never mirrored), listed by
-    ``variables`` for ``tf.train.Checkpoint``. Under a tfcompress strategy
-    each gradient gets its own memory through :meth:`bind`; used directly,
-    an unbound ``ErrorFeedback`` keeps one memory for the first tensor shape it
-    sees and rejects other shapes.
+    ``variables`` for ``tf.train.Checkpoint`` before the inner compressor's
+    state. Under a tfcompress strategy each gradient gets its own memory
+    through :meth:`bind`, which binds the inner compressor to the same tensor;
+    used directly, an unbound ``ErrorFeedback`` keeps one memory for the first
+    tensor shape it sees and rejects other shapes.
 
     Args:
       inner: the compressor to correct, e.g. ``TopK(ratio=0.01)`` or
@@ -52,11 +55,10 @@ class ErrorFeedback(Compressor):
     """
 
     name = "error_feedback"
+    stateful = True
 
     def __init__(self, inner: Compressor | str):
-        from tfcompress.compressors import registry  # noqa: PLC0415 - registry imports this module
-
-        inner = registry.get(inner)
+        inner = get(inner)
         if not isinstance(inner, Compressor):
             raise ValueError("ErrorFeedback(inner=...) needs a compressor, e.g. TopK(ratio=0.01)")
         if isinstance(inner, ErrorFeedback):
@@ -67,41 +69,37 @@ class ErrorFeedback(Compressor):
         # IndexedSlices (embedding rows) go straight to an inner compressor that
         # encodes them; the feedback memory is for dense tensors only.
         self.supports_indexed_slices = inner.supports_indexed_slices
-        self._context = TensorContext()
         self._memory: tf.Variable | None = None
         self._bound_inner: Compressor | None = None
 
-    def bind(self, context: TensorContext) -> ErrorFeedback:
-        bound = ErrorFeedback(self.inner)
-        bound._context = context
-        bound._bound_inner = self.inner.bind(context)
+    def build_state(self, context: TensorContext) -> None:
+        self._bound_inner = self.inner.bind(context)
+        self._memory = None
         if context.shape is not None and context.shape.is_fully_defined():
-            bound._memory = self._new_memory(context.shape, context.dtype, context)
-        return bound
+            self._memory = self._new_memory(context.shape, context.dtype)
 
-    @staticmethod
-    def _new_memory(shape, dtype, context: TensorContext) -> tf.Variable:
-        safe_key = "".join(c if c.isalnum() else "_" for c in context.key)
+    def _new_memory(self, shape, dtype) -> tf.Variable:
         return local_variable(
             lambda: tf.zeros(shape, dtype),
-            name=f"error_feedback_{safe_key}_r{context.replica}",
-            device=context.device,
+            name=state_name("error_feedback", self.context),
+            device=self.context.device,
         )
 
     @property
     def _inner(self) -> Compressor:
-        if self._bound_inner is None:
-            self._bound_inner = self.inner.bind(self._context)
+        """The inner compressor bound to this tensor."""
+        self.ensure_state()
         return self._bound_inner
 
     def compress(self, x: tf.Tensor) -> Payload:
         x = self._check_input(x)
+        self.ensure_state()
         if self._memory is None:
             if not x.shape.is_fully_defined():
                 raise ValueError(
                     f"ErrorFeedback needs tensors of static shape for its memory; got {x.shape}"
                 )
-            self._memory = self._new_memory(x.shape, x.dtype, self._context)
+            self._memory = self._new_memory(x.shape, x.dtype)
         if x.shape != self._memory.shape or x.dtype != self._memory.dtype:
             raise ValueError(
                 f"this ErrorFeedback keeps the memory of a {self._memory.dtype.name}"

@@ -5,12 +5,14 @@ from __future__ import annotations
 import tensorflow as tf
 
 from tfcompress.compressors.base import Compressor, Payload
+from tfcompress.compressors.registry import register
 
 __all__ = ["FP16"]
 
 _WIRE_DTYPES = {"float16": tf.float16, "bfloat16": tf.bfloat16}
 
 
+@register
 class FP16(Compressor):
     """Casts the gradient to a 16-bit float for the wire and back after the sum.
 

@@ -86,7 +86,13 @@ import tensorflow as tf
 
 from tfcompress.compressors.base import Compressor, Payload, Schedule
 from tfcompress.compressors.qsgd import QSGD
-from tfcompress.compressors.state import TensorContext, local_variable
+from tfcompress.compressors.registry import register
+from tfcompress.compressors.state import (
+    TensorContext,
+    counter_variable,
+    local_variable,
+    state_name,
+)
 
 __all__ = ["GradiVeQ", "GradiVeQSchedule", "slice_geometry"]
 
@@ -177,9 +183,7 @@ class GradiVeQSchedule(Schedule):
         self.num_branches = sampling_branch + 2
 
         def counter(name: str) -> tf.Variable:
-            return local_variable(
-                lambda: tf.constant(0, tf.int64), name=f"gradiveq_{name}_r{replica}", device=device
-            )
+            return counter_variable(f"gradiveq_{name}_r{replica}", device)
 
         self._step = counter("step")
         self._position = counter("position")
@@ -243,6 +247,7 @@ class GradiVeQSchedule(Schedule):
         return (self._step, self._position, self._refresh, self._early_refreshes)
 
 
+@register
 class GradiVeQ(Compressor):
     """Projects gradient slices on a few principal components; sums the coefficients.
 
@@ -318,6 +323,7 @@ class GradiVeQ(Compressor):
 
     name = "gradiveq"
     summable = True
+    stateful = True
 
     def __init__(
         self,
@@ -447,9 +453,9 @@ class GradiVeQ(Compressor):
             )
         return self._schedules[replica]
 
-    def bind(self, context: TensorContext) -> GradiVeQLayer:
-        schedule = self.schedule(context.replica, context.num_replicas, context.device)
-        return GradiVeQLayer(self, context, schedule)
+    def bound_copy(self) -> GradiVeQLayer:
+        """A bound GradiVeQ is a :class:`GradiVeQLayer` (its state and phase views)."""
+        return GradiVeQLayer(self)
 
     # -- outside the protocol: the exact branch -----------------------------------------------
 
@@ -485,10 +491,11 @@ def _no_both(option: str, value, alias: str) -> None:
 class GradiVeQLayer(Compressor):
     """GradiVeQ bound to one tensor of one replica: its basis, mean, samples and views.
 
-    Made by :meth:`GradiVeQ.bind`. ``branch(j)`` returns the view of phase
-    ``j``; ``compress``/``decompress`` on the layer itself are the exact branch
-    without sampling. State (all worker-local ``tf.Variable``s, listed by
-    ``variables``): ``basis`` ``[K, d_cap]``, ``mean`` ``[K]``,
+    Made by :meth:`GradiVeQ.bind` (the layer is GradiVeQ's bound form; its
+    :meth:`build_state` creates the state). ``branch(j)`` returns the view of
+    phase ``j``; ``compress``/``decompress`` on the layer itself are the exact
+    branch without sampling. State (all worker-local ``tf.Variable``s, listed
+    by ``variables``): ``basis`` ``[K, d_cap]``, ``mean`` ``[K]``,
     ``components`` (``d``, int32), ``valid`` (int32: 1 when the basis is
     usable, 0 before the first fit or after a degenerate block), ``samples``
     ``[L_t * m, K]``, ``kept_energy`` (float32), ``refreshes`` (bases fitted,
@@ -497,16 +504,24 @@ class GradiVeQLayer(Compressor):
 
     summable = True
     name = "gradiveq"
+    stateful = True
 
-    def __init__(self, config: GradiVeQ, context: TensorContext, schedule: GradiVeQSchedule):
+    def __init__(self, config: GradiVeQ):
         self.config = config
-        self.context = context
-        self.schedule_ = schedule
         self.supported_dtypes = config.supported_dtypes
-        shape = context.shape
+        self.schedule_: GradiVeQSchedule | None = None
         self.geometry = None
         self._variables: tuple[tf.Variable, ...] = ()
+        self._sampler: Compressor | None = None
+
+    def bound_copy(self) -> GradiVeQLayer:
+        return GradiVeQLayer(self.config)
+
+    def build_state(self, context: TensorContext) -> None:
+        config = self.config
+        self.schedule_ = config.schedule(context.replica, context.num_replicas, context.device)
         self._sampler = None if config._sampler is None else config._sampler.bind(context)
+        shape = context.shape
         if shape is None or not shape.is_fully_defined() or shape.num_elements() == 0:
             return
         k, s, _, _ = slice_geometry(shape.as_list(), config.slice_length)
@@ -524,12 +539,12 @@ class GradiVeQLayer(Compressor):
         # Fingerprints of N workers must sum exactly in float32 (< 2^24).
         self._modulus = max(2, 2**24 // max(1, context.num_replicas))
         self.geometry = (k, s)
-        safe = "".join(c if c.isalnum() else "_" for c in context.key)
-        suffix = f"{safe}_r{context.replica}"
         cdt = self.compute_dtype
 
         def variable(name, make):
-            return local_variable(make, name=f"gradiveq_{name}_{suffix}", device=context.device)
+            return local_variable(
+                make, name=state_name(f"gradiveq_{name}", context), device=context.device
+            )
 
         self.basis = variable("basis", lambda: tf.zeros([k, self.max_d], cdt))
         self.mean = variable("mean", lambda: tf.zeros([k], cdt))
@@ -537,7 +552,7 @@ class GradiVeQLayer(Compressor):
         self.valid = variable("valid", lambda: tf.constant(0, tf.int32))
         self.samples = variable("samples", lambda: tf.zeros([n_samples, k], cdt))
         self.kept_energy = variable("kept_energy", lambda: tf.constant(0.0, tf.float32))
-        self.refreshes = variable("refreshes", lambda: tf.constant(0, tf.int64))
+        self.refreshes = counter_variable(state_name("gradiveq_refreshes", context), context.device)
         self.fingerprint = variable("fingerprint", lambda: tf.constant(0.0, tf.float32))
         self._variables = (
             self.basis,

@@ -5,10 +5,12 @@ from __future__ import annotations
 import tensorflow as tf
 
 from tfcompress.compressors.base import Compressor, Payload
+from tfcompress.compressors.registry import register
 
 __all__ = ["Identity"]
 
 
+@register
 class Identity(Compressor):
     """Sends the gradient as it is.
 

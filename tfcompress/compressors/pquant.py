@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import copy
 import math
 import numbers
-import random
 
 import tensorflow as tf
 
 from tfcompress.compressors.base import Compressor, Payload
-from tfcompress.compressors.state import TensorContext, local_variable, stateless_seed
+from tfcompress.compressors.registry import register
+from tfcompress.compressors.state import SeededNoise, StepCounter, TensorContext, resolve_seed
 from tfcompress.ops import pack_bits, unpack_bits
 
 __all__ = ["PQuant"]
@@ -37,6 +36,7 @@ def _parse_p(p) -> float:
     return value
 
 
+@register
 class PQuant(Compressor):
     """Unbiased p-quantization per block (Mishchenko et al., 2019).
 
@@ -82,8 +82,10 @@ class PQuant(Compressor):
 
     Randomness is counter-based: the uniforms of step ``t`` come from
     ``stateless_seed(seed, key, t, replica)`` with a per-tensor step counter
-    (a worker-local ``tf.Variable``, saved by ``tf.train.Checkpoint``), so
-    replicas draw independent noise and a restored run continues bit for bit.
+    (:class:`~tfcompress.compressors.state.StepCounter` and
+    :class:`~tfcompress.compressors.state.SeededNoise`: a worker-local
+    ``tf.Variable``, saved by ``tf.train.Checkpoint``), so replicas draw
+    independent noise and a restored run continues bit for bit.
 
     Args:
       p: ``2`` or ``"inf"`` / ``math.inf``.
@@ -114,6 +116,7 @@ class PQuant(Compressor):
     name = "pquant"
     summable = False
     unbiased = True
+    stateful = True
 
     def __init__(self, p: float | str = 2, block_size: int | None = None, seed: int | None = None):
         self._p = _parse_p(p)
@@ -123,34 +126,18 @@ class PQuant(Compressor):
                 raise ValueError(f"PQuant(block_size={block_size!r}) must be None or an int >= 1")
             block_size = int(block_size)
         self.block_size = block_size
-        if seed is not None and not _is_int(seed):
-            raise ValueError(f"PQuant(seed={seed!r}) must be None or an int")
-        seed = None if seed is None else int(seed)
-        self._seed_option = seed
         # None: drawn once per instance (bound copies share it), so two runs differ.
-        self.seed = seed if seed is not None else random.SystemRandom().randrange(2**63)
-        self._context = TensorContext()
-        self._step: tf.Variable | None = None
+        self._seed_option, self.seed = resolve_seed(type(self).__name__, seed)
+        self._steps: StepCounter | None = None
 
     # -- state -------------------------------------------------------------------------------
 
-    def bind(self, context: TensorContext) -> PQuant:
-        bound = copy.copy(self)
-        bound._context = context
-        bound._step = bound._new_step()
-        return bound
-
-    def _new_step(self) -> tf.Variable:
-        safe_key = "".join(c if c.isalnum() else "_" for c in self._context.key)
-        return local_variable(
-            lambda: tf.constant(0, tf.int64),
-            name=f"pquant_step_{safe_key}_r{self._context.replica}",
-            device=self._context.device,
-        )
+    def build_state(self, context: TensorContext) -> None:
+        self._steps = StepCounter(self.name, context)
 
     @property
     def variables(self) -> tuple[tf.Variable, ...]:
-        return () if self._step is None else (self._step,)
+        return () if self._steps is None else self._steps.variables
 
     # -- variance ---------------------------------------------------------------------------
 
@@ -184,8 +171,7 @@ class PQuant(Compressor):
     @tf.autograph.experimental.do_not_convert
     def compress(self, x: tf.Tensor) -> Payload:
         x = self._check_input(x)
-        if self._step is None:  # unbound use: one counter, created on first use
-            self._step = self._new_step()
+        self.ensure_state()
         work_dtype = tf.float64 if x.dtype == tf.float64 else tf.float32
         flat = tf.cast(tf.reshape(x, [-1]), work_dtype)
         n = tf.size(flat)
@@ -203,19 +189,14 @@ class PQuant(Compressor):
         )
         scale = tf.cast(wire_norms, work_dtype)[:, None]
         probability = tf.math.divide_no_nan(magnitude, scale)
-        seed = stateless_seed(
-            self.seed,
-            self._context.key,
-            self._step.read_value(),
-            self._context.replica,
+        uniform = SeededNoise(self.seed, self.context).uniform(
+            tf.shape(blocks), self._steps.next(), dtype=work_dtype
         )
-        uniform = tf.random.stateless_uniform(tf.shape(blocks), seed, dtype=work_dtype)
         plus, minus, zero = (
             tf.constant(c, tf.uint8) for c in (_CODE_PLUS, _CODE_MINUS, _CODE_ZERO)
         )
         codes = tf.where(uniform < probability, tf.where(blocks > 0, plus, minus), zero)
         codes = tf.reshape(codes, [-1])[:n]
-        self._step.assign_add(1)
         return Payload(
             tensors={"norms": wire_norms, "codes": pack_bits(codes, bits=_CODE_BITS)},
             **self._metadata(x),

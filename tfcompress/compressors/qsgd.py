@@ -20,22 +20,23 @@ payload") for anything inconsistent.
 
 Randomness: each ``compress`` draws one uniform per element with
 ``tf.random.stateless_uniform(seed=stateless_seed(seed, key, step, replica))``
-(:mod:`tfcompress.compressors.state`), so a run is reproducible bit for bit
-from its seed, replicas draw independent noise, and the step counter is a
-checkpointed ``tf.Variable``.
+(``SeededNoise(seed, context).uniform_like(x, step)``,
+:mod:`tfcompress.compressors.state`), ``step`` read from the tensor's
+:class:`~tfcompress.compressors.state.StepCounter` and then advanced, so a run
+is reproducible bit for bit from its seed, replicas draw independent noise,
+and the step counter is a checkpointed ``tf.Variable``.
 """
 
 from __future__ import annotations
 
-import copy
 import math
-import random
 
 import numpy as np
 import tensorflow as tf
 
 from tfcompress.compressors.base import Compressor, Payload
-from tfcompress.compressors.state import TensorContext, local_variable, stateless_seed
+from tfcompress.compressors.registry import register
+from tfcompress.compressors.state import SeededNoise, StepCounter, TensorContext, resolve_seed
 from tfcompress.ops import quantize
 
 __all__ = ["QSGD"]
@@ -48,66 +49,8 @@ def _is_int(value) -> bool:
     return isinstance(value, int | np.integer) and not isinstance(value, bool)
 
 
-class _SeededStochastic(Compressor):
-    """A seed and a per-tensor step counter: the randomness of QSGD and TernGrad.
-
-    The noise of one ``compress`` call is
-    ``stateless_uniform(seed=stateless_seed(seed, key, step, replica))``; the
-    step is read, then incremented, so calls 0, 1, 2, ... draw fresh noise.
-    A bound copy (:meth:`bind`) owns the counter of one tensor of one replica;
-    used directly, the compressor creates its own counter on first use, with
-    the default :class:`TensorContext`.
-    """
-
-    def _init_randomness(self, seed: int | None) -> None:
-        if seed is not None and not _is_int(seed):
-            raise ValueError(
-                f"{type(self).__name__}(seed={seed!r}) is not supported; "
-                "valid values: an int, or None for a random seed"
-            )
-        self._seed_option = None if seed is None else int(seed)
-        # None: drawn once per instance, so that two runs differ.
-        self.seed = int(seed) if seed is not None else random.SystemRandom().randrange(2**63)
-        self._context = TensorContext()
-        self._step: tf.Variable | None = None
-
-    def bind(self, context: TensorContext) -> Compressor:
-        bound = copy.copy(self)
-        bound._context = context
-        bound._step = self._new_step(context)
-        return bound
-
-    def _new_step(self, context: TensorContext) -> tf.Variable:
-        safe_key = "".join(c if c.isalnum() else "_" for c in context.key)
-        return local_variable(
-            lambda: tf.constant(0, tf.int64),
-            name=f"{self.name}_step_{safe_key}_r{context.replica}",
-            device=context.device,
-        )
-
-    def _noise(self, x: tf.Tensor) -> tf.Tensor:
-        """One float32 uniform in [0, 1) per element of ``x``; advances the step."""
-        if self._step is None:
-            self._step = self._new_step(self._context)
-        step = self._step.read_value()
-        with tf.control_dependencies([step]):
-            self._step.assign_add(1)
-        seed = stateless_seed(self.seed, self._context.key, step, self._context.replica)
-        shape = tf.reshape(tf.size(x, out_type=tf.int64), [1])
-        return tf.random.stateless_uniform(shape, seed=seed, dtype=tf.float32)
-
-    @property
-    def variables(self) -> tuple[tf.Variable, ...]:
-        return () if self._step is None else (self._step,)
-
-
-def _num_elements(payload: Payload) -> int | tf.Tensor:
-    if payload.shape.is_fully_defined():
-        return payload.shape.num_elements()
-    return tf.reduce_prod(tf.cast(payload.dense_shape, tf.int64))
-
-
-class QSGD(_SeededStochastic):
+@register
+class QSGD(Compressor):
     """Quantizes each bucket of the gradient to ``s`` levels, stochastically and unbiasedly.
 
     For a bucket ``v`` of ``d`` consecutive elements with norm
@@ -170,6 +113,7 @@ class QSGD(_SeededStochastic):
     name = "qsgd"
     summable = False
     unbiased = True
+    stateful = True
 
     def __init__(
         self,
@@ -208,7 +152,21 @@ class QSGD(_SeededStochastic):
         self.bits_per_element = quantize.qsgd_bits_per_element(self.levels)
         self.bucket_size = int(bucket_size)
         self.norm = norm
-        self._init_randomness(seed)
+        # None: drawn once per instance (bound copies share it), so that two runs differ.
+        self._seed_option, self.seed = resolve_seed(type(self).__name__, seed)
+        self._steps: StepCounter | None = None
+
+    def build_state(self, context: TensorContext) -> None:
+        self._steps = StepCounter(self.name, context)
+
+    @property
+    def variables(self) -> tuple[tf.Variable, ...]:
+        return () if self._steps is None else self._steps.variables
+
+    def _noise(self, x: tf.Tensor) -> tf.Tensor:
+        """One float32 uniform in [0, 1) per element of ``x``; advances the step."""
+        self.ensure_state()
+        return SeededNoise(self.seed, self.context).uniform_like(x, self._steps.next())
 
     def omega(self, num_elements: int) -> float:
         """``min(d / (4 s^2), sqrt(d) / s)`` with ``d = min(bucket_size, num_elements)``."""
@@ -229,7 +187,7 @@ class QSGD(_SeededStochastic):
         flat = quantize.qsgd_decode(
             payload.tensors["norms"],
             payload.tensors["packed"],
-            _num_elements(payload),
+            payload.num_elements,
             self.levels,
             self.bucket_size,
             dtype=payload.dtype,

@@ -48,18 +48,13 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
-import re
 
 import tensorflow as tf
 
-from tfcompress.compressors.base import Compressor, Payload
-from tfcompress.compressors.state import TensorContext, local_variable, stateless_seed
-from tfcompress.compressors.topk import (
-    _num_elements,
-    _payload_num_elements,
-    check_ratio,
-    selected_count,
-)
+from tfcompress.compressors.base import Payload, num_elements
+from tfcompress.compressors.registry import register
+from tfcompress.compressors.sparsifier import Selection, Sparsifier, check_ratio, selected_count
+from tfcompress.compressors.state import SeededNoise, StepCounter, TensorContext
 from tfcompress.ops.sparsify import graph_name, random_k_indices, sparse_scatter
 
 __all__ = ["RandomK", "RandomKPayload"]
@@ -79,17 +74,8 @@ class RandomKPayload(Payload):
     step: tf.Tensor | None = None
 
 
-def _new_counter(context: TensorContext) -> tf.Variable:
-    """The step counter of one tensor on one replica, starting at 0."""
-    # The initial value is made outside any function being traced (compress
-    # or bind may run while tracing), where the variable itself is created.
-    with tf.init_scope():
-        initial = tf.constant(0, tf.int64)
-    name = "randomk_step_" + re.sub(r"[^A-Za-z0-9_.\-]", "_", context.key)
-    return local_variable(initial, name=name, device=context.device)
-
-
-class RandomK(Compressor):
+@register
+class RandomK(Sparsifier):
     """Random-k sparsification: k random entries, scaled by d/k (unbiased).
 
     ``C(g) = (d / k) * sum_{i in S} g_i e_i`` with ``S`` a uniformly random
@@ -115,6 +101,12 @@ class RandomK(Compressor):
     :attr:`variables`; the replicas' counters advance together. Used
     directly, RandomK creates its counter on the first ``compress``, with
     the default :class:`TensorContext`.
+
+    As a :class:`~tfcompress.compressors.sparsifier.Sparsifier` (for
+    DeepReduce) it selects from a caller's step and random stream
+    (:meth:`select`), its positions are shared by every replica
+    (``shared_indices``) and its values are rescaled by ``d / k``
+    (:meth:`value_scale`).
 
     Args:
       ratio: fraction of the entries sent, in ``(0, 1]``.
@@ -142,83 +134,91 @@ class RandomK(Compressor):
     name = "randomk"
     summable = True
     unbiased = True
+    stateful = True
+    shared_indices = True
 
     def __init__(self, ratio: float, seed: int = 0):
         self.ratio = check_ratio("RandomK", ratio)
         if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
             raise ValueError(f"RandomK(seed={seed!r}): `seed` must be an integer")
         self.seed = int(seed)
-        self._context: TensorContext | None = None
-        self._step: tf.Variable | None = None
+        self._steps: StepCounter | None = None
 
-    def bind(self, context: TensorContext) -> RandomK:
-        bound = RandomK(self.ratio, self.seed)
-        bound._context = context
-        bound._step = _new_counter(context)
-        return bound
+    def build_state(self, context: TensorContext) -> None:
+        self._steps = StepCounter(self.name, context)
+
+    @property
+    def variables(self) -> tuple[tf.Variable, ...]:
+        return () if self._steps is None else self._steps.variables
 
     def omega(self, num_elements: int) -> float:
         k = selected_count(self.ratio, int(num_elements))
         return num_elements / k - 1.0 if k else 0.0
 
-    @property
-    def variables(self) -> tuple[tf.Variable, ...]:
-        return () if self._step is None else (self._step,)
+    # -- the sparsifier interface ----------------------------------------------------------
+
+    def select(
+        self,
+        x: tf.Tensor,
+        step: tf.Tensor,
+        context: TensorContext,
+        tensor_name: str,
+        stream: str = "",
+    ) -> Selection:
+        """``k`` positions drawn from the noise shared by every replica at ``step``.
+
+        The noise is ``SeededNoise(seed, context).uniform([d], step, uint32,
+        stream, shared=True)``: the same on every replica and worker.
+        """
+        x = tf.debugging.check_numerics(
+            x, f"RandomK: tensor `{tensor_name}` has a non-finite value (NaN or Inf)"
+        )
+        flat = tf.reshape(x, [-1])
+        d = num_elements(x)
+        indices = self._indices(d, step, context, stream)
+        return Selection(indices=indices, values=tf.gather(flat, indices))
+
+    def value_scale(self, num_elements: int | tf.Tensor, dtype: tf.DType) -> tf.Tensor:
+        """``d / k`` in ``dtype``: every entry is sent with probability ``k / d``."""
+        k = selected_count(self.ratio, num_elements)
+        return tf.cast(num_elements, dtype) / tf.cast(tf.maximum(k, 1), dtype)
+
+    # -- compressor --------------------------------------------------------------------------
 
     def compress(self, x: tf.Tensor) -> Payload:
         tensor_name = graph_name(x)
         x = self._check_input(x)
-        x = tf.debugging.check_numerics(
-            x, f"RandomK: tensor `{tensor_name}` has a non-finite value (NaN or Inf)"
-        )
-        counter = self._counter()
-        step = counter.read_value()
-        with tf.control_dependencies([step]):
-            counter.assign_add(1)
-        flat = tf.reshape(x, [-1])
-        d = _num_elements(x)
-        k = selected_count(self.ratio, d)
-        indices = self._indices(d, k, step)
+        self.ensure_state()
+        step = self._steps.next()
+        selection = self.select(x, step, self.context, tensor_name)
         # Rescaled in float32 (float64 for float64), where d/k is exact, then
         # rounded once to the gradient's dtype (float16 results beyond 65504
         # become +-Inf, as anywhere in float16 training; bfloat16 keeps the range).
         wide = tf.float64 if x.dtype == tf.float64 else tf.float32
-        scale = tf.cast(d, wide) / tf.cast(tf.maximum(k, 1), wide)
-        values = tf.cast(tf.cast(tf.gather(flat, indices), wide) * scale, x.dtype)
+        scale = self.value_scale(num_elements(x), wide)
+        values = tf.cast(tf.cast(selection.values, wide) * scale, x.dtype)
         return RandomKPayload(
-            tensors={"values": values}, **self._metadata(x), indices=indices, step=step
+            tensors={"values": values},
+            **self._metadata(x),
+            indices=selection.indices,
+            step=step,
         )
 
     def decompress(self, payload: Payload) -> tf.Tensor:
-        d = _payload_num_elements(payload)
+        d = payload.num_elements
         indices = getattr(payload, "indices", None)
         if indices is None:
             # A payload rebuilt without its metadata: the positions of the latest compress.
-            if self._step is None:
+            if self._steps is None:
                 raise ValueError("RandomK.decompress: no payload was compressed yet")
-            step = self._step.read_value() - 1
-            indices = self._indices(d, selected_count(self.ratio, d), step)
+            indices = self._indices(d, self._steps.last(), self.context, "")
         return self._restore_shape(sparse_scatter(payload.tensors["values"], indices, d), payload)
 
     def get_config(self) -> dict:
         return {"ratio": self.ratio, "seed": self.seed}
 
-    # -- helpers ---------------------------------------------------------------------------
-
-    def _counter(self) -> tf.Variable:
-        if self._step is None:
-            self._context = TensorContext()
-            self._step = _new_counter(self._context)
-        return self._step
-
-    def _indices(self, d, k, step: tf.Tensor) -> tf.Tensor:
-        context = self._context or TensorContext()
-        seed = stateless_seed(self.seed, context.key, step, None)  # shared by all replicas
-        noise = tf.random.stateless_uniform(
-            tf.reshape(tf.cast(d, tf.int64), [1]),
-            seed=seed,
-            minval=None,
-            maxval=None,
-            dtype=tf.uint32,
+    def _indices(self, d, step: tf.Tensor, context: TensorContext, stream: str) -> tf.Tensor:
+        noise = SeededNoise(self.seed, context).uniform(
+            tf.reshape(tf.cast(d, tf.int64), [1]), step, tf.uint32, stream, shared=True
         )
-        return random_k_indices(noise, k)
+        return random_k_indices(noise, selected_count(self.ratio, d))

@@ -1,25 +1,21 @@
-"""Compressors by name: ``tfcompress.compressors.get("fp16", dtype="bfloat16")``."""
+"""Compressors by name: ``tfcompress.compressors.get("fp16", dtype="bfloat16")``.
+
+This module imports only :mod:`~tfcompress.compressors.base`: each algorithm
+module registers its classes here when it is imported (``@register``), and
+wrappers (ErrorFeedback, DIANA, Switch) resolve the names they are given with
+:func:`get`, importing this module rather than the compressors themselves.
+The package's ``__init__`` imports every algorithm module, so by the time
+``tfcompress.compressors`` (or any of its modules) is imported, every name is
+registered.
+"""
 
 from __future__ import annotations
 
 import inspect
 
 from tfcompress.compressors.base import Compressor
-from tfcompress.compressors.deepreduce import DeepReduce
-from tfcompress.compressors.diana import DIANA
-from tfcompress.compressors.error_feedback import ErrorFeedback
-from tfcompress.compressors.fp16 import FP16
-from tfcompress.compressors.gradiveq import GradiVeQ
-from tfcompress.compressors.identity import Identity
-from tfcompress.compressors.pquant import PQuant
-from tfcompress.compressors.qsgd import QSGD
-from tfcompress.compressors.randomk import RandomK
-from tfcompress.compressors.signsgd import SignSGD
-from tfcompress.compressors.switch import Switch
-from tfcompress.compressors.terngrad import TernGrad
-from tfcompress.compressors.topk import Threshold, TopK
 
-__all__ = ["get", "available", "register"]
+__all__ = ["available", "get", "register"]
 
 _REGISTRY: dict[str, type[Compressor]] = {}
 
@@ -28,25 +24,6 @@ def register(cls: type[Compressor]) -> type[Compressor]:
     """Adds a compressor class to the registry under ``cls.name`` (usable as a decorator)."""
     _REGISTRY[cls.name] = cls
     return cls
-
-
-for _cls in (
-    Identity,
-    FP16,
-    QSGD,
-    TernGrad,
-    SignSGD,
-    TopK,
-    Threshold,
-    RandomK,
-    ErrorFeedback,
-    PQuant,
-    DIANA,
-    DeepReduce,
-    GradiVeQ,
-    Switch,
-):
-    register(_cls)
 
 
 def available() -> list[str]:

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 import tensorflow as tf
 
 from tfcompress.compressors.base import Compressor, Payload
+from tfcompress.compressors.registry import register
 from tfcompress.ops import quantize
 
 __all__ = ["SignSGD"]
@@ -29,12 +30,7 @@ _SCALES = ("mean_abs", None)
 _AGGREGATES = ("sum", "majority")
 
 
-def _num_elements(payload: Payload) -> int | tf.Tensor:
-    if payload.shape.is_fully_defined():
-        return payload.shape.num_elements()
-    return tf.reduce_prod(tf.cast(payload.dense_shape, tf.int64))
-
-
+@register
 class SignSGD(Compressor):
     """Sends the signs of the gradient, scaled by its mean magnitude.
 
@@ -111,7 +107,7 @@ class SignSGD(Compressor):
         flat = quantize.sign_decode(
             self._scale_of(payload),
             payload.tensors["packed"],
-            _num_elements(payload),
+            payload.num_elements,
             dtype=payload.dtype,
         )
         return self._restore_shape(flat, payload)
@@ -121,7 +117,7 @@ class SignSGD(Compressor):
             return super().aggregate(payloads)
         first = payloads[0]
         compute_dtype = tf.float64 if first.dtype == tf.float64 else tf.float32
-        count = _num_elements(first)
+        count = first.num_elements
         # Unscaled +-1 votes: integers, summed exactly in any worker order.
         votes = tf.add_n(
             [

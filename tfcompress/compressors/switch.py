@@ -8,11 +8,13 @@ import tensorflow as tf
 
 from tfcompress.compressors.base import Compressor, Payload, Schedule
 from tfcompress.compressors.identity import Identity
+from tfcompress.compressors.registry import get, register
 from tfcompress.compressors.state import TensorContext, local_variable
 
 __all__ = ["Switch"]
 
 
+@register
 class Switch(Compressor):
     """Aggregates with one of several compressors, chosen per step without retracing.
 
@@ -26,8 +28,11 @@ class Switch(Compressor):
 
     Every phase keeps its own per-tensor state (error memories, shifts), bound
     once and kept across switches, so switching back resumes where the phase
-    left off. All workers must set the same phase before a step: they run the
-    same program, and the callback derives the phase from the epoch or step.
+    left off: a bound Switch holds one bound compressor per phase, its
+    branches (``branch(p)``), and lists their variables in phase order. All
+    workers must set the same phase before a step: they run the same program,
+    and the callback derives the phase from the epoch or step. The phase
+    variable belongs to the Switch and every copy bound from it.
 
     Args:
       phases: compressors, registry names or ``None``; at least one.
@@ -45,15 +50,14 @@ class Switch(Compressor):
     """
 
     name = "switch"
+    stateful = True
 
     def __init__(self, phases: Sequence[Compressor | str | None], initial_phase: int = 0):
-        from tfcompress.compressors import registry  # noqa: PLC0415 - registry imports compressors
-
         if isinstance(phases, str | Compressor) or not phases:
             raise ValueError("Switch(phases=...) needs a non-empty list of compressors or None")
         resolved = []
         for phase in phases:
-            compressor = registry.get(phase)
+            compressor = get(phase)
             if compressor is None:
                 compressor = Identity()
             if isinstance(compressor, Switch):
@@ -75,8 +79,9 @@ class Switch(Compressor):
             if all(d in p.supported_dtypes for p in self.phases)
         )
         self.unbiased = all(p.unbiased for p in self.phases)
-        self._phase: tf.Variable | None = None
-        self._schedule = _SwitchSchedule(self)
+        # Shared by every bound copy: one phase variable per Switch.
+        self._schedule = _SwitchSchedule(self.num_phases, self.initial_phase)
+        self._branches: tuple[Compressor, ...] = ()
 
     @property
     def num_phases(self) -> int:
@@ -86,11 +91,7 @@ class Switch(Compressor):
     @property
     def phase_variable(self) -> tf.Variable:
         """The worker-local ``int32`` variable holding the active phase."""
-        if self._phase is None:
-            self._phase = local_variable(
-                lambda: tf.constant(self.initial_phase, tf.int32), name="tfcompress_phase"
-            )
-        return self._phase
+        return self._schedule.phase_variable
 
     def set_phase(self, phase: int) -> None:
         """Makes ``phases[phase]`` aggregate the following steps (eager, between steps)."""
@@ -107,60 +108,60 @@ class Switch(Compressor):
         del replica, num_replicas, device
         return self._schedule
 
-    def bind(self, context: TensorContext) -> Compressor:
-        return _BoundSwitch(self, [p.bind(context) for p in self.phases])
+    # -- state: one bound compressor per phase ----------------------------------------------
+
+    def build_state(self, context: TensorContext) -> None:
+        self._branches = tuple(phase.bind(context) for phase in self.phases)
+
+    def branch(self, index: int) -> Compressor:
+        """The compressor of phase ``index``, bound to this Switch's tensor."""
+        if not 0 <= index < self.num_phases:
+            raise ValueError(f"Switch has branches 0..{self.num_phases - 1}; got {index}")
+        self.ensure_state()
+        return self._branches[index]
 
     def compress(self, x: tf.Tensor) -> Payload:
         raise TypeError(
-            "Switch has one payload format per phase: compress with switch.phases[i] "
+            "Switch has one payload format per phase: compress with switch.branch(i) "
             "(the strategy's cross-device ops choose the phase with tf.switch_case)"
         )
 
     decompress = compress
+
+    def metrics(self) -> dict[str, tf.Tensor]:
+        """The figures of every phase's bound compressor (a later phase wins a shared name)."""
+        merged: dict[str, tf.Tensor] = {}
+        for bound in self._branches:
+            merged.update(bound.metrics())
+        return merged
+
+    @property
+    def variables(self) -> tuple[tf.Variable, ...]:
+        return tuple(v for bound in self._branches for v in bound.variables)
 
     def get_config(self) -> dict:
         return {"phases": [repr(p) for p in self.phases], "initial_phase": self.initial_phase}
 
 
 class _SwitchSchedule(Schedule):
-    def __init__(self, switch: Switch):
-        self._switch = switch
-        self.num_branches = switch.num_phases
+    """The phase set by :meth:`Switch.set_phase`, read by every replica."""
+
+    def __init__(self, num_phases: int, initial_phase: int):
+        self.num_branches = num_phases
+        self._initial_phase = initial_phase
+        self._phase: tf.Variable | None = None
+
+    @property
+    def phase_variable(self) -> tf.Variable:
+        if self._phase is None:
+            self._phase = local_variable(
+                lambda: tf.constant(self._initial_phase, tf.int32), name="tfcompress_phase"
+            )
+        return self._phase
 
     def branch_index(self) -> tf.Tensor:
-        return self._switch.phase_variable.read_value()
+        return self.phase_variable.read_value()
 
     @property
     def variables(self) -> tuple[tf.Variable, ...]:
-        return (self._switch.phase_variable,)
-
-
-class _BoundSwitch(Compressor):
-    """A :class:`Switch` bound to one tensor: one bound compressor per phase."""
-
-    def __init__(self, switch: Switch, bound: list[Compressor]):
-        self._switch = switch
-        self._bound = bound
-        self.supported_dtypes = switch.supported_dtypes
-        self.name = switch.name
-
-    def branch(self, index: int) -> Compressor:
-        return self._bound[index]
-
-    def compress(self, x: tf.Tensor) -> Payload:
-        return self._switch.compress(x)
-
-    decompress = compress
-
-    def metrics(self) -> dict[str, tf.Tensor]:
-        merged: dict[str, tf.Tensor] = {}
-        for bound in self._bound:
-            merged.update(bound.metrics())
-        return merged
-
-    @property
-    def variables(self) -> tuple[tf.Variable, ...]:
-        return tuple(v for b in self._bound for v in b.variables)
-
-    def get_config(self) -> dict:
-        return self._switch.get_config()
+        return (self.phase_variable,)

@@ -13,7 +13,9 @@ elements read flattened in C order):
 So ``payload_nbytes = 4 + ceil(n / 4)`` (16x less than float32).
 ``decompress`` checks the lengths, padding bits, codes and the scale, and
 raises ``tf.errors.InvalidArgumentError`` ("corrupted payload") otherwise.
-Randomness is seeded and counted per tensor as in :mod:`tfcompress.compressors.qsgd`.
+Randomness is seeded and counted per tensor as in :mod:`tfcompress.compressors.qsgd`
+(a :class:`~tfcompress.compressors.state.StepCounter` and
+:class:`~tfcompress.compressors.state.SeededNoise`).
 """
 
 from __future__ import annotations
@@ -23,14 +25,16 @@ import math
 import numpy as np
 import tensorflow as tf
 
-from tfcompress.compressors.base import Payload
-from tfcompress.compressors.qsgd import _num_elements, _SeededStochastic
+from tfcompress.compressors.base import Compressor, Payload
+from tfcompress.compressors.registry import register
+from tfcompress.compressors.state import SeededNoise, StepCounter, TensorContext, resolve_seed
 from tfcompress.ops import quantize
 
 __all__ = ["TernGrad"]
 
 
-class TernGrad(_SeededStochastic):
+@register
+class TernGrad(Compressor):
     """Sends each element as ``-s``, ``0`` or ``+s`` with one shared scale ``s``.
 
     ::
@@ -84,6 +88,7 @@ class TernGrad(_SeededStochastic):
 
     name = "terngrad"
     summable = False
+    stateful = True
 
     def __init__(self, clip: float | None = None, seed: int | None = None):
         if clip is not None:
@@ -101,7 +106,21 @@ class TernGrad(_SeededStochastic):
             clip = float(clip)
         self.clip = clip
         self.unbiased = clip is None
-        self._init_randomness(seed)
+        # None: drawn once per instance (bound copies share it), so that two runs differ.
+        self._seed_option, self.seed = resolve_seed(type(self).__name__, seed)
+        self._steps: StepCounter | None = None
+
+    def build_state(self, context: TensorContext) -> None:
+        self._steps = StepCounter(self.name, context)
+
+    @property
+    def variables(self) -> tuple[tf.Variable, ...]:
+        return () if self._steps is None else self._steps.variables
+
+    def _noise(self, x: tf.Tensor) -> tf.Tensor:
+        """One float32 uniform in [0, 1) per element of ``x``; advances the step."""
+        self.ensure_state()
+        return SeededNoise(self.seed, self.context).uniform_like(x, self._steps.next())
 
     def omega(self, num_elements: int) -> float | None:
         """``(sqrt(n) - 1) / 2`` without clipping, None (biased) with it."""
@@ -118,7 +137,7 @@ class TernGrad(_SeededStochastic):
         flat = quantize.terngrad_decode(
             payload.tensors["scale"],
             payload.tensors["packed"],
-            _num_elements(payload),
+            payload.num_elements,
             dtype=payload.dtype,
         )
         return self._restore_shape(flat, payload)

@@ -26,6 +26,10 @@ Selection is exact and deterministic (kernels in ``custom_ops/sparsify``, see
 NaN or Inf in the gradient raise ``InvalidArgumentError`` naming the tensor
 (its graph name inside ``tf.function``, else ``'input'``) rather than being
 dropped.
+
+Both implement :class:`~tfcompress.compressors.sparsifier.Sparsifier`:
+``select`` returns the positions and values a payload carries, and DeepReduce
+encodes the positions with its own index codecs.
 """
 
 from __future__ import annotations
@@ -35,7 +39,10 @@ import numbers
 
 import tensorflow as tf
 
-from tfcompress.compressors.base import Compressor, Payload
+from tfcompress.compressors.base import Payload, num_elements
+from tfcompress.compressors.registry import register
+from tfcompress.compressors.sparsifier import Selection, Sparsifier, check_ratio, selected_count
+from tfcompress.compressors.state import TensorContext
 from tfcompress.ops.sparsify import (
     graph_name,
     sparse_scatter,
@@ -43,63 +50,34 @@ from tfcompress.ops.sparsify import (
     top_k_magnitudes,
 )
 
-__all__ = ["DEFAULT_RATIO", "Threshold", "TopK", "selected_count"]
+__all__ = ["DEFAULT_RATIO", "Threshold", "TopK", "check_ratio", "selected_count"]
 
 DEFAULT_RATIO = 0.01
 """TopK's ratio when neither ``ratio`` nor ``k`` is given."""
 
 
-def selected_count(ratio: float, num_elements: int | tf.Tensor) -> int | tf.Tensor:
-    """Entries kept at a ratio: ``k = round(ratio * d)``, clipped to ``[1, d]``.
+class _Sparse(Sparsifier):
+    """The (values, indices) payload of a deterministic selection, and its decoding."""
 
-    ``d = 0`` gives ``k = 0``. A Python int ``num_elements`` gives a Python
-    int; a tensor gives an int64 tensor with the same value (the rounding,
-    ``floor(ratio * d + 0.5)``, is done in float64 either way).
-
-    >>> selected_count(0.01, 1000), selected_count(0.01, 10), selected_count(0.3, 0)
-    (10, 1, 0)
-    """
-    if isinstance(num_elements, numbers.Integral):
-        d = int(num_elements)
-        return min(d, max(1, math.floor(ratio * d + 0.5)))
-    d = tf.cast(num_elements, tf.int64)
-    k = tf.cast(tf.floor(ratio * tf.cast(d, tf.float64) + 0.5), tf.int64)
-    return tf.minimum(d, tf.maximum(k, 1))
-
-
-def check_ratio(owner: str, ratio) -> float:
-    """Returns ``ratio`` as a float in ``(0, 1]``, or raises ValueError naming it."""
-    if isinstance(ratio, bool) or not isinstance(ratio, numbers.Real):
-        raise ValueError(f"{owner}(ratio={ratio!r}): `ratio` must be a number in (0, 1]")
-    ratio = float(ratio)
-    if not 0.0 < ratio <= 1.0:
-        raise ValueError(f"{owner}(ratio={ratio!r}): `ratio` must be in (0, 1]")
-    return ratio
-
-
-def _num_elements(x: tf.Tensor) -> int | tf.Tensor:
-    static = x.shape.num_elements()
-    return static if static is not None else tf.size(x, out_type=tf.int64)
-
-
-def _payload_num_elements(payload: Payload) -> int | tf.Tensor:
-    if payload.shape.is_fully_defined():
-        return payload.shape.num_elements()
-    return tf.reduce_prod(tf.cast(payload.dense_shape, tf.int64))
-
-
-class _Sparse(Compressor):
-    """Shared decoding of the (values, indices) payload."""
+    def compress(self, x: tf.Tensor) -> Payload:
+        tensor_name = graph_name(x)
+        x = self._check_input(x)
+        selection = self.select(x, None, self.context, tensor_name)
+        return Payload(
+            tensors={"values": selection.values, "indices": selection.indices},
+            **self._metadata(x),
+        )
 
     def decompress(self, payload: Payload) -> tf.Tensor:
         dense = sparse_scatter(
             payload.tensors["values"],
             payload.tensors["indices"],
-            _payload_num_elements(payload),
+            payload.num_elements,
         )
         return self._restore_shape(dense, payload)
 
 
+@register
 class TopK(_Sparse):
     """Top-k sparsification: keeps the k entries of largest magnitude.
 
@@ -175,16 +153,24 @@ class TopK(_Sparse):
             )
         return self.k
 
-    def compress(self, x: tf.Tensor) -> Payload:
-        tensor_name = graph_name(x)
-        x = self._check_input(x)
-        values, indices = top_k_magnitudes(x, self.count(_num_elements(x)), tensor_name=tensor_name)
-        return Payload(tensors={"values": values, "indices": indices}, **self._metadata(x))
+    def select(
+        self,
+        x: tf.Tensor,
+        step: tf.Tensor | None,
+        context: TensorContext,
+        tensor_name: str,
+        stream: str = "",
+    ) -> Selection:
+        """The ``k`` entries of largest magnitude (``step``, ``context`` and ``stream`` unused)."""
+        del step, context, stream
+        values, indices = top_k_magnitudes(x, self.count(num_elements(x)), tensor_name=tensor_name)
+        return Selection(indices=indices, values=values)
 
     def get_config(self) -> dict:
         return {"ratio": self.ratio, "k": self.k}
 
 
+@register
 class Threshold(_Sparse):
     """Threshold sparsification: keeps every entry with ``|g_i| >= value``.
 
@@ -234,11 +220,18 @@ class Threshold(_Sparse):
             raise ValueError(f"Threshold(value={value!r}): `value` must be finite and > 0")
         self.value = value
 
-    def compress(self, x: tf.Tensor) -> Payload:
-        tensor_name = graph_name(x)
-        x = self._check_input(x)
+    def select(
+        self,
+        x: tf.Tensor,
+        step: tf.Tensor | None,
+        context: TensorContext,
+        tensor_name: str,
+        stream: str = "",
+    ) -> Selection:
+        """The entries with ``|g_i| >= value`` (``step``, ``context`` and ``stream`` unused)."""
+        del step, context, stream
         values, indices = threshold_select(x, self.value, tensor_name=tensor_name)
-        return Payload(tensors={"values": values, "indices": indices}, **self._metadata(x))
+        return Selection(indices=indices, values=values)
 
     def get_config(self) -> dict:
         return {"value": self.value}

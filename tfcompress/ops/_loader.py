@@ -21,9 +21,9 @@ keeps the implementation it was traced with.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 import pathlib
-import sys
 import threading
 import types
 import warnings
@@ -222,7 +222,7 @@ def kernel_op(name: str) -> Callable[..., Any]:
 def _caller_level() -> int:
     """The ``stacklevel`` of the first caller outside tfcompress.ops (the op's user)."""
     package = str(pathlib.Path(__file__).parent)
-    frame, level = sys._getframe(1), 1
+    frame, level = inspect.currentframe().f_back, 1
     while frame is not None and frame.f_code.co_filename.startswith(package):
         frame, level = frame.f_back, level + 1
     return level
