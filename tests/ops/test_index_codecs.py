@@ -279,6 +279,26 @@ def test_all_ops_in_tf_function_with_unknown_shapes(kernel_library):
                 query(filter_bits, d, 70, 0)
 
 
+@pytest.mark.parametrize("count", [0, 1])
+def test_encoders_in_a_graph_take_zero_or_one_index(impl, count):
+    """A graph computes each check's message even when the check passes: no
+    argmax of an empty tensor (found by DeepReduce's conformance tests)."""
+    indices = np.array([7][:count], np.int64)
+    d = tf.constant(100, tf.int64)
+    spec = [tf.TensorSpec([None], tf.int64), tf.TensorSpec([], tf.int64)]
+    for encode, decode in (
+        (ic.bitmap_encode, ic.bitmap_decode),
+        (ic.run_length_encode, ic.run_length_decode),
+        (ic.varint_encode, ic.varint_decode),
+    ):
+        data = tf.function(encode, input_signature=spec, autograph=False)(indices, d)
+        np.testing.assert_array_equal(decode(data, d).numpy(), indices)
+    insert = tf.function(
+        lambda i, n: ic.bloom_insert(i, n, 64, 3), input_signature=spec, autograph=False
+    )
+    assert np.all(np.isin(indices, ic.bloom_query(insert(indices, d), d, 64, 3).numpy()))
+
+
 # --- bad input: InvalidArgument in both implementations -----------------------
 
 GOOD_RLE = oracle_run_length(np.array([2, 3, 4, 8], np.int64))  # d = 10

@@ -133,6 +133,16 @@ def _check_dense_length(op: str, dense_length: tf.Tensor) -> _Checks:
     )
 
 
+def _first_true(mask: tf.Tensor) -> tf.Tensor:
+    """Position of the first True of a 1-D ``mask`` (0 when there is none).
+
+    In a graph the error message of a check is computed whether or not the
+    check fails, so this must also work on an empty mask (``tf.argmax`` of an
+    empty tensor raises at run time).
+    """
+    return tf.argmax(tf.concat([tf.cast(mask, tf.int32), [0]], axis=0))
+
+
 def _check_indices(op: str, indices: tf.Tensor, dense_length: tf.Tensor) -> _Checks:
     """Each index in [0, d), strictly increasing (the kernels' CheckIndices)."""
     out_of_range = (indices < 0) | (indices >= dense_length)
@@ -140,7 +150,7 @@ def _check_indices(op: str, indices: tf.Tensor, dense_length: tf.Tensor) -> _Che
         tf.logical_not(tf.reduce_any(out_of_range)),
         lambda: [
             f"{op}: `indices[",
-            tf.argmax(tf.cast(out_of_range, tf.int32)),
+            _first_true(out_of_range),
             "]` is out of range [0, ",
             dense_length,
             ")",
@@ -151,7 +161,7 @@ def _check_indices(op: str, indices: tf.Tensor, dense_length: tf.Tensor) -> _Che
         tf.logical_not(tf.reduce_any(unordered)),
         lambda: [
             f"{op}: `indices` must be strictly increasing, but indices[",
-            tf.argmax(tf.cast(unordered, tf.int32)) + 1,
+            _first_true(unordered) + 1,
             "] is not above the one before",
         ],
     )
