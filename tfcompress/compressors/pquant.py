@@ -9,7 +9,7 @@ import tensorflow as tf
 
 from tfcompress.compressors.base import Compressor, Payload
 from tfcompress.compressors.registry import register
-from tfcompress.compressors.state import SeededNoise, StepCounter, TensorContext, resolve_seed
+from tfcompress.compressors.state import PerStepRandomness
 from tfcompress.ops import pack_bits, unpack_bits
 
 __all__ = ["PQuant"]
@@ -37,7 +37,7 @@ def _parse_p(p) -> float:
 
 
 @register
-class PQuant(Compressor):
+class PQuant(PerStepRandomness, Compressor):
     """Unbiased p-quantization per block (Mishchenko et al., 2019).
 
     The flattened tensor is cut into blocks of ``block_size`` elements (the
@@ -116,7 +116,6 @@ class PQuant(Compressor):
     name = "pquant"
     summable = False
     unbiased = True
-    stateful = True
 
     def __init__(self, p: float | str = 2, block_size: int | None = None, seed: int | None = None):
         self._p = _parse_p(p)
@@ -126,18 +125,9 @@ class PQuant(Compressor):
                 raise ValueError(f"PQuant(block_size={block_size!r}) must be None or an int >= 1")
             block_size = int(block_size)
         self.block_size = block_size
-        # None: drawn once per instance (bound copies share it), so two runs differ.
-        self._seed_option, self.seed = resolve_seed(type(self).__name__, seed)
-        self._steps: StepCounter | None = None
+        self.init_randomness(seed)
 
     # -- state -------------------------------------------------------------------------------
-
-    def build_state(self, context: TensorContext) -> None:
-        self._steps = StepCounter(self.name, context)
-
-    @property
-    def variables(self) -> tuple[tf.Variable, ...]:
-        return () if self._steps is None else self._steps.variables
 
     # -- variance ---------------------------------------------------------------------------
 
@@ -189,9 +179,7 @@ class PQuant(Compressor):
         )
         scale = tf.cast(wire_norms, work_dtype)[:, None]
         probability = tf.math.divide_no_nan(magnitude, scale)
-        uniform = SeededNoise(self.seed, self.context).uniform(
-            tf.shape(blocks), self._steps.next(), dtype=work_dtype
-        )
+        uniform = self.noise().uniform(tf.shape(blocks), self.next_step(), dtype=work_dtype)
         plus, minus, zero = (
             tf.constant(c, tf.uint8) for c in (_CODE_PLUS, _CODE_MINUS, _CODE_ZERO)
         )

@@ -36,7 +36,7 @@ import tensorflow as tf
 
 from tfcompress.compressors.base import Compressor, Payload
 from tfcompress.compressors.registry import register
-from tfcompress.compressors.state import SeededNoise, StepCounter, TensorContext, resolve_seed
+from tfcompress.compressors.state import PerStepRandomness
 from tfcompress.ops import quantize
 
 __all__ = ["QSGD"]
@@ -50,7 +50,7 @@ def _is_int(value) -> bool:
 
 
 @register
-class QSGD(Compressor):
+class QSGD(PerStepRandomness, Compressor):
     """Quantizes each bucket of the gradient to ``s`` levels, stochastically and unbiasedly.
 
     For a bucket ``v`` of ``d`` consecutive elements with norm
@@ -113,7 +113,6 @@ class QSGD(Compressor):
     name = "qsgd"
     summable = False
     unbiased = True
-    stateful = True
 
     def __init__(
         self,
@@ -152,21 +151,7 @@ class QSGD(Compressor):
         self.bits_per_element = quantize.qsgd_bits_per_element(self.levels)
         self.bucket_size = int(bucket_size)
         self.norm = norm
-        # None: drawn once per instance (bound copies share it), so that two runs differ.
-        self._seed_option, self.seed = resolve_seed(type(self).__name__, seed)
-        self._steps: StepCounter | None = None
-
-    def build_state(self, context: TensorContext) -> None:
-        self._steps = StepCounter(self.name, context)
-
-    @property
-    def variables(self) -> tuple[tf.Variable, ...]:
-        return () if self._steps is None else self._steps.variables
-
-    def _noise(self, x: tf.Tensor) -> tf.Tensor:
-        """One float32 uniform in [0, 1) per element of ``x``; advances the step."""
-        self.ensure_state()
-        return SeededNoise(self.seed, self.context).uniform_like(x, self._steps.next())
+        self.init_randomness(seed)
 
     def omega(self, num_elements: int) -> float:
         """``min(d / (4 s^2), sqrt(d) / s)`` with ``d = min(bucket_size, num_elements)``."""
@@ -179,7 +164,7 @@ class QSGD(Compressor):
     def compress(self, x: tf.Tensor) -> Payload:
         x = self._check_input(x)
         norms, packed = quantize.qsgd_encode(
-            x, self._noise(x), self.levels, self.bucket_size, self.norm
+            x, self.uniform_noise_like(x), self.levels, self.bucket_size, self.norm
         )
         return Payload(tensors={"norms": norms, "packed": packed}, **self._metadata(x))
 

@@ -37,6 +37,7 @@ import tensorflow as tf
 from tfcompress import _internal
 
 __all__ = [
+    "PerStepRandomness",
     "SeededNoise",
     "StepCounter",
     "TensorContext",
@@ -227,3 +228,46 @@ def resolve_seed(owner: str, seed) -> tuple[int | None, int]:
             "valid values: an int, or None for a random seed"
         )
     return int(seed), int(seed)
+
+
+class PerStepRandomness:
+    """Mixin of compressors that draw fresh noise at every aggregation (QSGD, TernGrad, PQuant).
+
+    Their only state is one :class:`StepCounter` per tensor and replica; the
+    noise of a step comes from :class:`SeededNoise` with the compressor's
+    ``seed`` option. Mix it in before :class:`~tfcompress.compressors.base.Compressor`
+    and call :meth:`init_randomness` from ``__init__``.
+    """
+
+    stateful = True
+
+    def init_randomness(self, seed: int | None) -> None:
+        """Checks and stores the ``seed`` option (``None``: drawn once per instance).
+
+        Bound copies share the instance's seed, so that two runs with
+        ``seed=None`` differ while the replicas of one run stay reproducible.
+        """
+        self._seed_option, self.seed = resolve_seed(type(self).__name__, seed)
+        self._steps: StepCounter | None = None
+
+    def build_state(self, context: TensorContext) -> None:
+        """Creates the tensor's step counter (the one piece of state)."""
+        self._steps = StepCounter(self.name, context)
+
+    @property
+    def variables(self) -> tuple[tf.Variable, ...]:
+        """The step counter's variable (after the first use or bind)."""
+        return () if self._steps is None else self._steps.variables
+
+    def noise(self) -> SeededNoise:
+        """The seeded random streams of this tensor and replica."""
+        return SeededNoise(self.seed, self.context)
+
+    def next_step(self) -> tf.Tensor:
+        """The current aggregation step (int64 scalar); the counter advances by one."""
+        self.ensure_state()
+        return self._steps.next()
+
+    def uniform_noise_like(self, x: tf.Tensor) -> tf.Tensor:
+        """One float32 uniform in [0, 1) per element of ``x`` (flattened); advances the step."""
+        return self.noise().uniform_like(x, self.next_step())

@@ -27,14 +27,14 @@ import tensorflow as tf
 
 from tfcompress.compressors.base import Compressor, Payload
 from tfcompress.compressors.registry import register
-from tfcompress.compressors.state import SeededNoise, StepCounter, TensorContext, resolve_seed
+from tfcompress.compressors.state import PerStepRandomness
 from tfcompress.ops import quantize
 
 __all__ = ["TernGrad"]
 
 
 @register
-class TernGrad(Compressor):
+class TernGrad(PerStepRandomness, Compressor):
     """Sends each element as ``-s``, ``0`` or ``+s`` with one shared scale ``s``.
 
     ::
@@ -88,7 +88,6 @@ class TernGrad(Compressor):
 
     name = "terngrad"
     summable = False
-    stateful = True
 
     def __init__(self, clip: float | None = None, seed: int | None = None):
         if clip is not None:
@@ -106,21 +105,7 @@ class TernGrad(Compressor):
             clip = float(clip)
         self.clip = clip
         self.unbiased = clip is None
-        # None: drawn once per instance (bound copies share it), so that two runs differ.
-        self._seed_option, self.seed = resolve_seed(type(self).__name__, seed)
-        self._steps: StepCounter | None = None
-
-    def build_state(self, context: TensorContext) -> None:
-        self._steps = StepCounter(self.name, context)
-
-    @property
-    def variables(self) -> tuple[tf.Variable, ...]:
-        return () if self._steps is None else self._steps.variables
-
-    def _noise(self, x: tf.Tensor) -> tf.Tensor:
-        """One float32 uniform in [0, 1) per element of ``x``; advances the step."""
-        self.ensure_state()
-        return SeededNoise(self.seed, self.context).uniform_like(x, self._steps.next())
+        self.init_randomness(seed)
 
     def omega(self, num_elements: int) -> float | None:
         """``(sqrt(n) - 1) / 2`` without clipping, None (biased) with it."""
@@ -130,7 +115,7 @@ class TernGrad(Compressor):
 
     def compress(self, x: tf.Tensor) -> Payload:
         x = self._check_input(x)
-        scale, packed = quantize.terngrad_encode(x, self._noise(x), self.clip)
+        scale, packed = quantize.terngrad_encode(x, self.uniform_noise_like(x), self.clip)
         return Payload(tensors={"scale": scale, "packed": packed}, **self._metadata(x))
 
     def decompress(self, payload: Payload) -> tf.Tensor:
