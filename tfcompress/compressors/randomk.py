@@ -54,7 +54,7 @@ import tensorflow as tf
 from tfcompress.compressors.base import Payload, num_elements
 from tfcompress.compressors.registry import register
 from tfcompress.compressors.sparsifier import Selection, Sparsifier, check_ratio, selected_count
-from tfcompress.compressors.state import SeededNoise, StepCounter, TensorContext
+from tfcompress.compressors.state import PerStepRandomness, SeededNoise, TensorContext
 from tfcompress.ops.sparsify import graph_name, random_k_indices, sparse_scatter
 
 __all__ = ["RandomK", "RandomKPayload"]
@@ -75,7 +75,7 @@ class RandomKPayload(Payload):
 
 
 @register
-class RandomK(Sparsifier):
+class RandomK(PerStepRandomness, Sparsifier):
     """Random-k sparsification: k random entries, scaled by d/k (unbiased).
 
     ``C(g) = (d / k) * sum_{i in S} g_i e_i`` with ``S`` a uniformly random
@@ -141,15 +141,8 @@ class RandomK(Sparsifier):
         self.ratio = check_ratio("RandomK", ratio)
         if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
             raise ValueError(f"RandomK(seed={seed!r}): `seed` must be an integer")
-        self.seed = int(seed)
-        self._steps: StepCounter | None = None
-
-    def build_state(self, context: TensorContext) -> None:
-        self._steps = StepCounter(self.name, context)
-
-    @property
-    def variables(self) -> tuple[tf.Variable, ...]:
-        return () if self._steps is None else self._steps.variables
+        # Shared by every replica (the positions must agree), hence never drawn.
+        self.init_randomness(int(seed))
 
     def omega(self, num_elements: int) -> float:
         k = selected_count(self.ratio, int(num_elements))
@@ -188,8 +181,7 @@ class RandomK(Sparsifier):
     def compress(self, x: tf.Tensor) -> Payload:
         tensor_name = graph_name(x)
         x = self._check_input(x)
-        self.ensure_state()
-        step = self._steps.next()
+        step = self.next_step()
         selection = self.select(x, step, self.context, tensor_name)
         # Rescaled in float32 (float64 for float64), where d/k is exact, then
         # rounded once to the gradient's dtype (float16 results beyond 65504
@@ -209,9 +201,10 @@ class RandomK(Sparsifier):
         indices = getattr(payload, "indices", None)
         if indices is None:
             # A payload rebuilt without its metadata: the positions of the latest compress.
-            if self._steps is None:
+            step = self.last_step()
+            if step is None:
                 raise ValueError("RandomK.decompress: no payload was compressed yet")
-            indices = self._indices(d, self._steps.last(), self.context, "")
+            indices = self._indices(d, step, self.context, "")
         return self._restore_shape(sparse_scatter(payload.tensors["values"], indices, d), payload)
 
     def get_config(self) -> dict:

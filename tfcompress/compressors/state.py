@@ -231,7 +231,7 @@ def resolve_seed(owner: str, seed) -> tuple[int | None, int]:
 
 
 class PerStepRandomness:
-    """Mixin of compressors that draw fresh noise at every aggregation (QSGD, TernGrad, PQuant).
+    """Mixin of compressors that draw fresh noise at every aggregation (QSGD, TernGrad, PQuant, RandomK).
 
     Their only state is one :class:`StepCounter` per tensor and replica; the
     noise of a step comes from :class:`SeededNoise` with the compressor's
@@ -267,6 +267,10 @@ class PerStepRandomness:
         """The current aggregation step (int64 scalar); the counter advances by one."""
         self.ensure_state()
         return self._steps.next()
+
+    def last_step(self) -> tf.Tensor | None:
+        """The step of the latest :meth:`next_step`; ``None`` before the first use."""
+        return None if self._steps is None else self._steps.last()
 
     def uniform_noise_like(self, x: tf.Tensor) -> tf.Tensor:
         """One float32 uniform in [0, 1) per element of ``x`` (flattened); advances the step."""
