@@ -292,3 +292,47 @@ def test_set_compression_applies_to_new_traces():
     )  # summed in float16
     with pytest.raises(ValueError, match="valid names"):
         tfcompress.distribute.set_compression(strategy, "nope")
+
+
+def test_one_handle_per_strategy_holds_compressor_policy_counters_state():
+    strategy = make("fp16")
+    handle = tfcompress.distribute.handle_of(strategy)
+    assert isinstance(handle, tfcompress.distribute.CompressionHandle)
+    assert handle is tfcompress.distribute.handle_of(strategy)  # looked up, not rebuilt
+    assert handle.compressor is tfcompress.distribute.compression_of(strategy)
+    assert handle.state is tfcompress.distribute.compression_state(strategy)
+    assert handle.policy.min_size == 4
+    assert tfcompress.distribute.handle_of(tf.distribute.MirroredStrategy(DEVICES)) is None
+
+    def step():
+        r = tf.cast(tf.distribute.get_replica_context().replica_id_in_sync_group, tf.float32)
+        return tf.distribute.get_replica_context().all_reduce("sum", tf.fill([8], 1.0 + r))
+
+    tf.function(lambda: strategy.run(step))()
+    ops = strategy.extended._cross_device_ops  # test introspection
+    assert len(ops.bound_compressors) == 2
+    tfcompress.distribute.set_compression(strategy, "topk", ratio=0.5)
+    assert handle.compressor is tfcompress.distribute.compression_of(strategy)
+    assert handle.compressor.name == "topk"
+    assert "TopK" in handle.state.settings and handle.state.variables == []
+    assert ops.bound_compressors == {}  # bound to the old compressor: dropped
+    tf.function(lambda: strategy.run(step))()
+    assert len(ops.bound_compressors) == 2
+    assert all(b.name == "topk" for b in ops.bound_compressors.values())
+
+
+def test_multiworker_keras3_without_the_fix_is_told_to_import_tfcompress_keras(monkeypatch, caplog):
+    from tfcompress import _internal
+    from tfcompress.distribute import strategy as factories
+
+    monkeypatch.setattr(_internal, "num_workers", lambda strategy: 2)
+    monkeypatch.setattr(_internal, "keras3_trainer_loaded", lambda: True)
+    monkeypatch.setattr(_internal, "keras3_fit_functions_replaced", lambda: False)
+    with caplog.at_level("WARNING", logger=factories.__name__):
+        factories._point_keras3_users_to_the_fix(object())
+    assert "import tfcompress.keras" in caplog.text
+    caplog.clear()
+    monkeypatch.setattr(_internal, "keras3_fit_functions_replaced", lambda: True)
+    with caplog.at_level("WARNING", logger=factories.__name__):
+        factories._point_keras3_users_to_the_fix(object())
+    assert caplog.text == ""
