@@ -28,7 +28,9 @@ from tensorflow.python.distribute import (
     cross_device_utils,
     reduce_util,
 )
-from tensorflow.python.ops import resource_variable_ops
+
+# collective_ops: CollectiveAllToAllV2 has no public Python entry point (launcher_all_to_all).
+from tensorflow.python.ops import collective_ops, resource_variable_ops
 from tensorflow.python.saved_model import save_context
 from tensorflow.python.training.saving import saveable_object
 
@@ -56,6 +58,7 @@ __all__ = [
     "keras3_symbolic_build",
     "keras3_trainer_loaded",
     "launcher_all_gather",
+    "launcher_all_to_all",
     "launcher_batch_all_reduce",
     "model_strategy",
     "new_collective_keys",
@@ -195,6 +198,31 @@ def launcher_all_gather(ops: CollectiveAllReduce, replica_id: int, tensor: tf.Te
     itself; the raw ``_all_gather`` works eagerly and in graphs.
     """
     return ops._launchers[replica_id]._all_gather(tensor, options)  # pylint: disable=protected-access
+
+
+def launcher_all_to_all(ops: CollectiveAllReduce, replica_id: int, tensor: tf.Tensor, options):
+    """Sends row ``j`` of ``tensor`` to replica ``j``; returns the rows every replica sent here.
+
+    ``tensor``'s first dimension is the group size. TensorFlow's launcher has
+    no all-to-all method, so this issues ``CollectiveAllToAllV2`` the way its
+    own ``all_reduce`` does: the launcher's group, next instance key and
+    ordering token (so it is ordered with the strategy's other collectives
+    on this replica) and the merged communication options.
+    """
+    launcher = ops._launchers[replica_id]  # pylint: disable=protected-access
+    options = launcher._options.merge(options)  # pylint: disable=protected-access
+    instance_key = launcher._next_instance_key()  # pylint: disable=protected-access
+    ordering_token = launcher._get_ordering_token()  # pylint: disable=protected-access
+    with tf.device(launcher._device):  # pylint: disable=protected-access
+        return collective_ops.all_to_all_v2(
+            tensor,
+            launcher._group_size,  # pylint: disable=protected-access
+            launcher._group_key,  # pylint: disable=protected-access
+            instance_key,
+            communication_hint=options.implementation.value,
+            timeout=options.timeout_seconds,
+            ordering_token=ordering_token,
+        )
 
 
 def devices_of(ops: CollectiveAllReduce) -> tuple[str, ...]:

@@ -160,6 +160,15 @@ class Compressor:
     #: and ``aggregate_indexed_slices(payloads) -> tf.IndexedSlices`` (all-gather
     #: path); otherwise TensorFlow aggregates them exactly.
     supports_indexed_slices: bool = False
+    #: True when the compressor treats a tensor as its flattened vector, so
+    #: that a concatenation of tensors (a fused bucket) or a slice of one (a
+    #: two-stage shard) is as valid an input as a whole gradient. False for
+    #: per-layer methods that read the tensor's shape (GradiVeQ).
+    fusable: bool = False
+    #: True when :meth:`aggregate` is the sum of the decoded payloads, so a
+    #: shard owner can sum them and re-compress the sum (two-stage
+    #: aggregation). False for majority votes and shifted estimates (DIANA).
+    sums_payloads: bool = True
 
     #: True when the compressor keeps per-tensor state (counters, memories,
     #: shifts): :meth:`bind` then returns a copy that owns it.

@@ -162,6 +162,7 @@ class DeepReduce(Compressor):
 
     name = "deepreduce"
     summable = False
+    fusable = True
     unbiased = False
     supports_indexed_slices = True
     stateful = True

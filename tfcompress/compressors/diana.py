@@ -147,6 +147,9 @@ class DIANA(Compressor):
         self.alpha = alpha
         self.momentum = momentum
         self.summable = inner.summable
+        self.fusable = inner.fusable
+        # h + mean of decoded payloads, with shift updates: not a plain sum.
+        self.sums_payloads = False
         self.supported_dtypes = inner.supported_dtypes
         self._bound_inner: Compressor | None = None
         self._tensor_alpha: float | None = None

@@ -65,6 +65,8 @@ class ErrorFeedback(Compressor):
             raise ValueError("ErrorFeedback(inner=ErrorFeedback(...)): nesting adds nothing")
         self.inner = inner
         self.summable = inner.summable
+        self.fusable = inner.fusable
+        self.sums_payloads = inner.sums_payloads
         self.supported_dtypes = inner.supported_dtypes
         # IndexedSlices (embedding rows) go straight to an inner compressor that
         # encodes them; the feedback memory is for dense tensors only.

@@ -43,6 +43,7 @@ class FP16(Compressor):
     """
 
     summable = True
+    fusable = True
     name = "fp16"
 
     def __init__(self, dtype: str = "float16"):

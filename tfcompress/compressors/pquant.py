@@ -115,6 +115,7 @@ class PQuant(PerStepRandomness, Compressor):
 
     name = "pquant"
     summable = False
+    fusable = True
     unbiased = True
 
     def __init__(self, p: float | str = 2, block_size: int | None = None, seed: int | None = None):

@@ -112,6 +112,7 @@ class QSGD(PerStepRandomness, Compressor):
 
     name = "qsgd"
     summable = False
+    fusable = True
     unbiased = True
 
     def __init__(

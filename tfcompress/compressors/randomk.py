@@ -133,6 +133,7 @@ class RandomK(PerStepRandomness, Sparsifier):
 
     name = "randomk"
     summable = True
+    fusable = True
     unbiased = True
     stateful = True
     shared_indices = True

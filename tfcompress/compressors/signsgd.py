@@ -80,6 +80,7 @@ class SignSGD(Compressor):
 
     name = "signsgd"
     summable = False
+    fusable = True
     unbiased = False
 
     def __init__(self, scale: str | None = "mean_abs", aggregate: str = "sum"):
@@ -94,6 +95,7 @@ class SignSGD(Compressor):
             )
         self.scale = scale
         self.aggregation = aggregate
+        self.sums_payloads = aggregate == "sum"
 
     def compress(self, x: tf.Tensor) -> Payload:
         x = self._check_input(x)

@@ -79,9 +79,30 @@ class Switch(Compressor):
             if all(d in p.supported_dtypes for p in self.phases)
         )
         self.unbiased = all(p.unbiased for p in self.phases)
+        self.fusable = all(p.fusable for p in self.phases)
+        self.sums_payloads = all(p.summable or p.sums_payloads for p in self.phases)
         # Shared by every bound copy: one phase variable per Switch.
         self._schedule = _SwitchSchedule(self.num_phases, self.initial_phase)
         self._branches: tuple[Compressor, ...] = ()
+
+    def with_phases(self, phases: Sequence[Compressor]) -> Switch:
+        """A Switch over other compressors that follows this one's phase.
+
+        Both share the phase variable, so :meth:`set_phase` (or the
+        :class:`~tfcompress.keras.callbacks.CompressionSchedule` callback)
+        moves them together. Two-stage aggregation uses it for the
+        compressors that re-compress each shard's sum.
+
+        Args:
+          phases: one compressor per phase of this Switch.
+        """
+        if len(phases) != self.num_phases:
+            raise ValueError(
+                f"Switch.with_phases needs {self.num_phases} compressors; got {len(phases)}"
+            )
+        follower = Switch(phases, initial_phase=self.initial_phase)
+        follower._schedule = self._schedule
+        return follower
 
     @property
     def num_phases(self) -> int:

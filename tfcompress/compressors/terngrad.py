@@ -88,6 +88,7 @@ class TernGrad(PerStepRandomness, Compressor):
 
     name = "terngrad"
     summable = False
+    fusable = True
 
     def __init__(self, clip: float | None = None, seed: int | None = None):
         if clip is not None:

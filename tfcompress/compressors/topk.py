@@ -121,6 +121,7 @@ class TopK(_Sparse):
 
     name = "topk"
     summable = False
+    fusable = True
     unbiased = False
 
     def __init__(self, ratio: float | None = None, k: int | None = None):
@@ -210,6 +211,7 @@ class Threshold(_Sparse):
 
     name = "threshold"
     summable = False
+    fusable = True
     unbiased = False
 
     def __init__(self, value: float):

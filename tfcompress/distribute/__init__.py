@@ -1,6 +1,7 @@
 """Compressed aggregation for ``tf.distribute`` strategies."""
 
 from tfcompress.distribute.accounting import TrafficCounters
+from tfcompress.distribute.aggregation import Aggregation
 from tfcompress.distribute.checkpointing import CompressionState
 from tfcompress.distribute.cross_device_ops import CompressingCollectiveAllReduce
 from tfcompress.distribute.handle import CompressionHandle
@@ -8,6 +9,7 @@ from tfcompress.distribute.policy import CompressionPolicy
 from tfcompress.distribute.strategy import (
     MirroredStrategy,
     MultiWorkerMirroredStrategy,
+    aggregation_timeline,
     compression_metrics,
     compression_of,
     compression_state,
@@ -19,6 +21,7 @@ from tfcompress.distribute.strategy import (
 )
 
 __all__ = [
+    "Aggregation",
     "CompressingCollectiveAllReduce",
     "CompressionHandle",
     "CompressionState",
@@ -26,6 +29,7 @@ __all__ = [
     "MirroredStrategy",
     "MultiWorkerMirroredStrategy",
     "TrafficCounters",
+    "aggregation_timeline",
     "compression_metrics",
     "compression_of",
     "compression_state",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import tensorflow as tf
 
 __all__ = ["TrafficCounters"]
@@ -27,7 +28,15 @@ class TrafficCounters:
         :func:`tfcompress.ops.timing.wall_clock_after`), summed over
         aggregations and local replicas; 0 without the op library.
       decompress_seconds: the same from the collectives' results being ready
-        to the decoded sums being ready.
+        to the decoded sums being ready (in two-stage aggregation both
+        stages' compression and decoding are counted).
+      bytes_all_to_all: part of ``bytes_sent`` that went through the
+        all-to-all of two-stage aggregation (every other worker receives
+        1/N of it).
+
+    With several packs in flight (pipelining) the seconds of overlapping
+    packs add up, so they may exceed the step's wall time. The last
+    aggregation's per-pack :meth:`timeline` shows the overlap.
     """
 
     NAMES = (
@@ -36,7 +45,12 @@ class TrafficCounters:
         "bytes_compressible",
         "aggregations",
         "bytes_gathered",
+        "bytes_all_to_all",
     )
+    #: Packs recorded by :meth:`timeline` (later packs of an aggregation are dropped).
+    TIMELINE_PACKS = 256
+    #: Columns of :meth:`timeline`.
+    TIMELINE_COLUMNS = ("start", "compressed", "received", "decoded")
     SECONDS = ("compress_seconds", "decompress_seconds")
 
     def __init__(self, device: str | None = None):
@@ -64,6 +78,36 @@ class TrafficCounters:
                 }
             )
 
+            self._timeline = tf.Variable(
+                tf.zeros([self.TIMELINE_PACKS, len(self.TIMELINE_COLUMNS)], tf.float64),
+                trainable=False,
+                name="tfcompress_timeline",
+                synchronization=tf.VariableSynchronization.NONE,
+                aggregation=tf.VariableAggregation.NONE,
+            )
+
+    def record_timeline(self, rows: tf.Tensor) -> None:
+        """Keeps one aggregation's ``[TIMELINE_PACKS, 4]`` wall-clock readings (graph code)."""
+        self._timeline.assign(tf.cast(rows, tf.float64))
+
+    def timeline(self) -> np.ndarray:
+        """The last aggregation's per-pack wall-clock readings, in seconds (eager).
+
+        Returns:
+          A ``[packs, 4]`` array with the columns of :attr:`TIMELINE_COLUMNS`
+          (pack in launch order), relative to the first pack's start: when
+          its gradients were ready, its payloads compressed, its collectives
+          done (in two-stage aggregation: the second stage's all-gather,
+          after the shard owner's decoding and re-compression) and its sums
+          decoded. Empty before the first aggregation or without the op
+          library's clock. The first local replica's aggregation.
+        """
+        rows = self._timeline.numpy()
+        rows = rows[rows[:, 0] > 0]
+        if rows.size == 0:
+            return np.zeros([0, len(self.TIMELINE_COLUMNS)])
+        return rows - rows[:, 0].min()
+
     def add(self, **amounts) -> None:
         """Adds amounts (tensors or numbers) to the named counters (graph code)."""
         for name, amount in amounts.items():
@@ -81,8 +125,9 @@ class TrafficCounters:
         """Sets every counter to zero."""
         for v in self._variables.values():
             v.assign(tf.zeros([], v.dtype))
+        self._timeline.assign(tf.zeros_like(self._timeline))
 
     @property
     def variables(self) -> tuple[tf.Variable, ...]:
         """The counter variables."""
-        return tuple(self._variables.values())
+        return (*self._variables.values(), self._timeline)

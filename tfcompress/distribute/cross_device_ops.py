@@ -22,7 +22,9 @@ import tensorflow as tf
 from tfcompress import _internal as internal
 from tfcompress.compressors.base import Compressor, Payload, Schedule
 from tfcompress.compressors.state import TensorContext
+from tfcompress.distribute import aggregation
 from tfcompress.distribute.accounting import TrafficCounters
+from tfcompress.distribute.aggregation import Aggregation
 from tfcompress.distribute.checkpointing import CompressionState, entry_name
 from tfcompress.distribute.handle import CompressionHandle, first_global_replica
 from tfcompress.distribute.policy import CompressionPolicy
@@ -101,6 +103,8 @@ class CompressingCollectiveAllReduce(internal.CollectiveAllReduceHook):
         # local replica -> the phase schedule of a phased compressor (None: not phased).
         self._schedules: dict[int, Schedule | None] = {}
         self._bound_to: Compressor | None = handle.compressor
+        # The second-stage compressor of two-stage aggregation (made once per compressor).
+        self._second_stage: Compressor | None = None
         self._first_global_replica = first_global_replica(internal.devices_of(self))
 
     @property
@@ -123,11 +127,17 @@ class CompressingCollectiveAllReduce(internal.CollectiveAllReduceHook):
         """The checkpointable compressor state (the handle's; ``None`` when built directly)."""
         return self.compression_handle.state
 
+    @property
+    def aggregation(self) -> Aggregation:
+        """How payloads are combined (the handle's)."""
+        return self.compression_handle.aggregation
+
     def _forget_old_compressor(self) -> None:
         """Drops the tensors bound to a compressor the handle no longer holds."""
         if self._bound_to is not self.compression_handle.compressor:
             self._bound.clear()
             self._schedules.clear()
+            self._second_stage = None
             self._bound_to = self.compression_handle.compressor
 
     def bound_compressor(self, key: str, replica_id: int, value) -> Compressor:
@@ -135,19 +145,53 @@ class CompressingCollectiveAllReduce(internal.CollectiveAllReduceHook):
 
         For ``tf.IndexedSlices`` the context has no shape (the rows vary).
         """
+        sparse = internal.is_indexed_slices(value)
+        return self._bind(
+            self.compressor,
+            key,
+            replica_id,
+            None if sparse else value.shape,
+            value.values.dtype if sparse else value.dtype,
+        )
+
+    def _bind(self, compressor: Compressor, key: str, replica_id: int, shape, dtype) -> Compressor:
+        """``compressor`` bound to ``key`` on local replica ``replica_id`` (cached)."""
         self._forget_old_compressor()
         if (key, replica_id) not in self._bound:
-            sparse = internal.is_indexed_slices(value)
             context = TensorContext(
                 key=key,
                 replica=self._first_global_replica + replica_id,
                 num_replicas=internal.group_size_of(self),
                 device=internal.devices_of(self)[replica_id],
-                shape=None if sparse else value.shape,
-                dtype=value.values.dtype if sparse else value.dtype,
+                shape=shape,
+                dtype=dtype,
             )
-            self._bound[(key, replica_id)] = self.compressor.bind(context)
+            self._bound[(key, replica_id)] = compressor.bind(context)
         return self._bound[(key, replica_id)]
+
+    def _bind_unit(
+        self, key: str, replica_id: int, value: tf.Tensor, two_stage: bool
+    ) -> _UnitCompressors:
+        """The bound compressors of one unit (bucket or tensor) on one local replica.
+
+        On the two-stage path every shard has its own stage-1 compressor
+        (state per element, like the whole tensor's) and the replica has the
+        second-stage compressor of the shard it owns.
+        """
+        if not two_stage:
+            return _UnitCompressors(
+                whole=self._bind(self.compressor, key, replica_id, value.shape, value.dtype)
+            )
+        n = internal.group_size_of(self)
+        shape = tf.TensorShape([aggregation.shard_size(value.shape.num_elements(), n)])
+        shards = [
+            self._bind(self.compressor, f"{key}/shard{j}", replica_id, shape, value.dtype)
+            for j in range(n)
+        ]
+        if self._second_stage is None:
+            self._second_stage = aggregation.second_stage_of(self.compressor)
+        second = self._bind(self._second_stage, f"{key}/stage2", replica_id, shape, value.dtype)
+        return _UnitCompressors(shards=tuple(shards), second=second)
 
     def schedule_of(self, replica_id: int) -> Schedule | None:
         """The phase schedule of local replica ``replica_id`` (``None``: not phased)."""
@@ -200,16 +244,27 @@ class CompressingCollectiveAllReduce(internal.CollectiveAllReduceHook):
     # -- compressed path -------------------------------------------------------------------
 
     def _compressed_sum(self, values: list, replica_id: int, options) -> list[tf.Tensor]:
-        """Sum over all replicas of ``values`` through compressed payloads."""
+        """Sum over all replicas of ``values`` through compressed payloads.
+
+        The values are grouped into units (fused buckets or single tensors,
+        :func:`~tfcompress.distribute.aggregation.plan_units`), each unit
+        compressed as one tensor, and the units summed pack by pack.
+        """
         options = internal.options_of(self).merge(options)
         values = [tf.convert_to_tensor(v) for v in values]
+        plan = self.aggregation
+        units = aggregation.plan_units(
+            _tensor_keys(values), values, self.compressor, plan.bucket_bytes
+        )
+        unit_values = [aggregation.fuse(u, values) for u in units]
+        two_stage = plan.uses_two_stage(self.compressor, internal.group_size_of(self))
         bound = [
-            self.bound_compressor(key, replica_id, v)
-            for key, v in zip(_tensor_keys(values), values, strict=True)
+            self._bind_unit(u.key, replica_id, v, two_stage)
+            for u, v in zip(units, unit_values, strict=True)
         ]
         schedule = self.schedule_of(replica_id)
         if schedule is None:
-            decoded, amounts = self._sum_payloads(bound, values, replica_id, options)
+            decoded, amounts = self._sum_units(bound, unit_values, replica_id, options)
         else:
             # Every replica reads the same phase, so all of them take the same
             # branch and run the same collectives; nothing retraces on a change.
@@ -220,7 +275,7 @@ class CompressingCollectiveAllReduce(internal.CollectiveAllReduceHook):
             index = schedule.branch_index()
             branches = [
                 functools.partial(
-                    self._sum_payloads, [b.branch(j) for b in bound], values, replica_id, options
+                    self._sum_units, [b.branch(j) for b in bound], unit_values, replica_id, options
                 )
                 for j in range(schedule.num_branches)
             ]
@@ -228,15 +283,193 @@ class CompressingCollectiveAllReduce(internal.CollectiveAllReduceHook):
             with tf.control_dependencies(decoded):
                 schedule.advance(index)
             self._track_state("schedule", replica_id, schedule)
-        for key, b in zip(_tensor_keys(values), bound, strict=True):
-            self._track_state(key, replica_id, b)
+        for unit, b in zip(units, bound, strict=True):
+            for key, owner in b.owners(unit.key):
+                self._track_state(key, replica_id, owner)
+        timeline = amounts.pop("timeline")
+        if replica_id == 0:
+            self.counters.record_timeline(timeline)
         self.counters.add(
             bytes_uncompressed=sum(_nbytes(v) for v in values),
             bytes_compressible=sum(_nbytes(v) for v in values),
             aggregations=len(values),
             **amounts,
         )
-        return decoded
+        results: list = [None] * len(values)
+        for unit, summed in zip(units, decoded, strict=True):
+            for i, part in zip(unit.members, aggregation.unfuse(unit, summed, values), strict=True):
+                results[i] = part
+        return results
+
+    def _sum_units(
+        self, bound: list[_UnitCompressors], xs: list[tf.Tensor], replica_id: int, options
+    ) -> tuple[list[tf.Tensor], dict[str, tf.Tensor]]:
+        """Sums the units pack by pack; returns the sums and the counter amounts.
+
+        Packs are launched last unit first. A pack's compression waits for the
+        previous pack's, so the collectives of pack ``p`` overlap the
+        compression of pack ``p + 1`` and the decoding of pack ``p - 1``. Two
+        stages: every pack's first stage (compression, all-to-all) is issued
+        before any second stage, so the link stays busy while the shard owners
+        decode, sum and re-compress.
+        """
+        sizes = [x.shape.num_elements() * x.dtype.size for x in xs]
+        packs = aggregation.pack_units(sizes, self.aggregation.pack_bytes)
+        decoded: list = [None] * len(xs)
+        amounts = _zero_amounts()
+        rows = []
+        previous: list[tf.Tensor] = []
+        if bound[0].summable:
+            run = self._all_reduce_pack
+        elif bound[0].shards is not None:
+            run = self._two_stage_first
+        else:
+            run = self._all_gather_pack
+        pending = []
+        for pack in packs:
+            with tf.control_dependencies(previous):
+                start = _timestamp_after([xs[i] for i in pack])
+                result = run(
+                    [bound[i] for i in pack], [xs[i] for i in pack], replica_id, options, start
+                )
+            previous = result["payload_tensors"]
+            pending.append((pack, result))
+        for pack, result in pending:
+            if "finish" in result:
+                result = result["finish"]()
+            for i, d in zip(pack, result["decoded"], strict=True):
+                decoded[i] = d
+            for name in amounts:
+                amounts[name] = amounts[name] + result["amounts"].get(name, 0)
+            rows.append(result["times"])
+        amounts["timeline"] = _timeline_rows(rows)
+        return decoded, amounts
+
+    # -- one pack on each path -------------------------------------------------------------
+
+    def _all_reduce_pack(self, units, xs, replica_id, options, start) -> dict:
+        """Summable payloads: all-reduced, decoded once (shard by shard on the two-stage path)."""
+        payloads = [u.compress_all(x) for u, x in zip(units, xs, strict=True)]
+        flat = [p for ps in payloads for p in ps]
+        tensors = _payload_tensors(flat)
+        compressed = _timestamp_after(tensors, start)
+        summed, sent = self._all_reduce_payloads(flat, replica_id, options)
+        received = _timestamp_after(_payload_tensors(summed), compressed)
+        decoded, k = [], 0
+        for u, x, ps in zip(units, xs, payloads, strict=True):
+            decoded.append(u.decompress_all(summed[k : k + len(ps)], x))
+            k += len(ps)
+        done = _timestamp_after(decoded, received)
+        return {
+            "payload_tensors": tensors,
+            "decoded": decoded,
+            "amounts": {
+                "bytes_sent": sent,
+                "compress_seconds": _elapsed(start, compressed),
+                "decompress_seconds": _elapsed(received, done),
+            },
+            "times": [start, compressed, received, done],
+        }
+
+    def _all_gather_pack(self, units, xs, replica_id, options, start, sparse=False) -> dict:
+        """Non-summable payloads: all-gathered, every worker decodes and sums all of them.
+
+        With ``sparse`` the values are ``tf.IndexedSlices``, encoded by
+        ``compress_indexed_slices`` and combined by ``aggregate_indexed_slices``.
+        """
+        payloads = [
+            (u.whole.compress_indexed_slices if sparse else u.whole.compress)(x)
+            for u, x in zip(units, xs, strict=True)
+        ]
+        tensors = _payload_tensors(payloads)
+        compressed = _timestamp_after(tensors, start)
+        gathered, sent = self._all_gather_payloads(payloads, replica_id, options)
+        received = _timestamp_after(
+            _payload_tensors([p for ps in gathered for p in ps]), compressed
+        )
+        decoded = [
+            (u.whole.aggregate_indexed_slices if sparse else u.whole.aggregate)(ps)
+            for u, ps in zip(units, gathered, strict=True)
+        ]
+        done = _timestamp_after([d.values if sparse else d for d in decoded], received)
+        return {
+            "payload_tensors": tensors,
+            "decoded": decoded,
+            "amounts": {
+                "bytes_sent": sent,
+                "bytes_gathered": sent,
+                "compress_seconds": _elapsed(start, compressed),
+                "decompress_seconds": _elapsed(received, done),
+            },
+            "times": [start, compressed, received, done],
+        }
+
+    def _two_stage_first(self, units, xs, replica_id, options, start) -> dict:
+        """Two stages, first half: every shard compressed and sent to its owner (all-to-all).
+
+        The returned ``finish`` runs the second half (see :meth:`_two_stage_second`).
+        """
+        n = internal.group_size_of(self)
+        payloads = [
+            [u.shards[j].compress(s) for j, s in enumerate(aggregation.shard(x, n))]
+            for u, x in zip(units, xs, strict=True)
+        ]
+        tensors = _payload_tensors([p for ps in payloads for p in ps])
+        compressed = _timestamp_after(tensors, start)
+        received, sent = self._all_to_all_payloads(payloads, replica_id, options)
+        arrived = _timestamp_after(_payload_tensors([p for ps in received for p in ps]), compressed)
+        return {
+            "payload_tensors": tensors,
+            "finish": functools.partial(
+                self._two_stage_second,
+                units,
+                xs,
+                received,
+                replica_id,
+                options,
+                {
+                    "start": start,
+                    "compressed": compressed,
+                    "arrived": arrived,
+                    "sent": sent,
+                },
+            ),
+        }
+
+    def _two_stage_second(self, units, xs, received, replica_id, options, first) -> dict:
+        """Two stages, second half: the owner sums its shard and re-compresses it; all-gather.
+
+        Every worker decodes the N shard payloads of the second stage with
+        the same code, so all of them hold the bit-identical sum.
+        """
+        me = self._first_global_replica + replica_id
+        sums = [u.shards[me].aggregate(ps) for u, ps in zip(units, received, strict=True)]
+        summed = _timestamp_after(sums, first["arrived"])
+        payloads = [u.second.compress(s) for u, s in zip(units, sums, strict=True)]
+        recompressed = _timestamp_after(_payload_tensors(payloads), summed)
+        gathered, sent = self._all_gather_payloads(payloads, replica_id, options)
+        received2 = _timestamp_after(
+            _payload_tensors([p for ps in gathered for p in ps]), recompressed
+        )
+        decoded = []
+        for u, ps, x in zip(units, gathered, xs, strict=True):
+            shards = [u.second.decompress(p) for p in ps]
+            flat = tf.concat(shards, axis=0)[: x.shape.num_elements()]
+            decoded.append(tf.reshape(flat, x.shape))
+        done = _timestamp_after(decoded, received2)
+        return {
+            "decoded": decoded,
+            "amounts": {
+                "bytes_sent": first["sent"] + sent,
+                "bytes_gathered": sent,
+                "bytes_all_to_all": first["sent"],
+                "compress_seconds": _elapsed(first["start"], first["compressed"])
+                + _elapsed(summed, recompressed),
+                "decompress_seconds": _elapsed(first["arrived"], summed)
+                + _elapsed(received2, done),
+            },
+            "times": [first["start"], first["compressed"], received2, done],
+        }
 
     def _compressed_sparse_sum(self, values: list, replica_id: int, options) -> list:
         """Sum of ``tf.IndexedSlices`` (e.g. embedding gradients), never densified.
@@ -251,7 +484,10 @@ class CompressingCollectiveAllReduce(internal.CollectiveAllReduceHook):
         bound = [
             self.bound_compressor(key, replica_id, v) for key, v in zip(keys, values, strict=True)
         ]
-        result, amounts = self._sum_payloads(bound, values, replica_id, options, sparse=True)
+        start = _timestamp_after([v.values for v in values])
+        units = [_UnitCompressors(whole=b) for b in bound]
+        pack = self._all_gather_pack(units, values, replica_id, options, start, sparse=True)
+        result, amounts = pack["decoded"], pack["amounts"]
         for key, b in zip(keys, bound, strict=True):
             self._track_state(key, replica_id, b)
         nbytes = sum(_nbytes(v.values) + _nbytes(v.indices) for v in values)
@@ -267,63 +503,6 @@ class CompressingCollectiveAllReduce(internal.CollectiveAllReduceHook):
         """Hands the (now created) state variables of ``owner`` to the checkpointable state."""
         if self.state is not None:
             self.state.track(entry_name(key), replica_id, owner.variables)
-
-    def _sum_payloads(
-        self,
-        bound: list[Compressor],
-        values: list,
-        replica_id: int,
-        options,
-        sparse: bool = False,
-    ) -> tuple[list, dict[str, tf.Tensor]]:
-        """compress -> collective -> decompress for one batch.
-
-        With ``sparse`` the values are ``tf.IndexedSlices``, encoded by
-        ``compress_indexed_slices`` and combined by ``aggregate_indexed_slices``
-        on the all-gather path. Returns the decoded sums and the amounts for
-        the traffic counters (bytes sent and gathered, measured compress and
-        decompress seconds).
-        """
-        dense = (lambda v: v.values) if sparse else (lambda v: v)
-        # Like TensorFlow, launch in reverse order: the last layers' gradients are
-        # ready first in backprop, so their collectives can start earliest.
-        order = list(reversed(range(len(values))))
-        start = _timestamp_after([dense(v) for v in values])
-        payloads: dict[int, Payload] = {
-            i: (bound[i].compress_indexed_slices if sparse else bound[i].compress)(values[i])
-            for i in order
-        }
-        compressed = _timestamp_after(
-            [t for p in payloads.values() for t in p.tensors.values()], start
-        )
-
-        summable = bound[0].summable and not sparse
-        if summable:
-            summed, sent = self._all_reduce_payloads(
-                [payloads[i] for i in order], replica_id, options
-            )
-            received = _timestamp_after([t for p in summed for t in p.tensors.values()])
-            decoded = {i: bound[i].decompress(p) for i, p in zip(order, summed, strict=True)}
-        else:
-            gathered, sent = self._all_gather_payloads(
-                [payloads[i] for i in order], replica_id, options
-            )
-            received = _timestamp_after(
-                [t for ps in gathered for p in ps for t in p.tensors.values()]
-            )
-            decoded = {
-                i: (bound[i].aggregate_indexed_slices if sparse else bound[i].aggregate)(ps)
-                for i, ps in zip(order, gathered, strict=True)
-            }
-        result = [decoded[i] for i in range(len(values))]
-        done = _timestamp_after([dense(r) for r in result], received)
-        amounts = {
-            "bytes_sent": sent,
-            "bytes_gathered": tf.constant(0, tf.int64) if summable else sent,
-            "compress_seconds": _elapsed(start, compressed),
-            "decompress_seconds": _elapsed(received, done),
-        }
-        return result, amounts
 
     def _all_reduce_payloads(
         self, payloads: list[Payload], replica_id: int, options
@@ -393,6 +572,49 @@ class CompressingCollectiveAllReduce(internal.CollectiveAllReduceHook):
                 gathered[k].append(p.replace(worker_tensors[k]))
         return gathered, sent
 
+    def _all_to_all_payloads(
+        self, payloads: list[list[Payload]], replica_id: int, options
+    ) -> tuple[list[list[Payload]], tf.Tensor]:
+        """Sends shard ``j`` of every unit to replica ``j``: two collectives for the pack.
+
+        ``payloads[k][j]`` is this replica's payload of unit ``k``, shard ``j``.
+        The payload tensors of shard ``j`` are serialised into one byte row; an
+        all-gather exchanges every replica's per-tensor byte lengths, and the
+        all-to-all sends the rows, padded to the longest row of any replica
+        (as int32 words). Returns ``received[k][w]``: replica ``w``'s payload of
+        unit ``k`` for the shard this replica owns, in replica order.
+        """
+        n = internal.group_size_of(self)
+        me = self._first_global_replica + replica_id
+        parts = [(k, name) for k, ps in enumerate(payloads) for name in sorted(ps[0].tensors)]
+        rows, lengths = [], []
+        for j in range(n):
+            byte_parts = [_to_bytes(payloads[k][j].tensors[name]) for k, name in parts]
+            lengths.append(tf.stack([tf.size(b, out_type=tf.int64) for b in byte_parts]))
+            rows.append(tf.concat(byte_parts, axis=0))
+        lengths = tf.stack(lengths)  # [shards, parts]
+        all_lengths = internal.launcher_all_gather(
+            self, replica_id, tf.reshape(lengths, [-1]), options
+        )
+        all_lengths = tf.reshape(all_lengths, [n, n, len(parts)])  # [replica, shard, part]
+        longest = (tf.reduce_max(tf.reduce_sum(all_lengths, axis=2)) + 3) // 4 * 4
+        padded = tf.stack([tf.pad(r, [[0, longest - tf.size(r, out_type=tf.int64)]]) for r in rows])
+        words = tf.bitcast(tf.reshape(padded, [n, -1, 4]), tf.int32)
+        arrived = internal.launcher_all_to_all(self, replica_id, words, options)
+        blobs = tf.reshape(tf.bitcast(arrived, tf.uint8), [n, -1])
+        sent = _nbytes(lengths) + _nbytes(words)
+
+        received: list[list[Payload]] = [[] for _ in payloads]
+        for worker in range(n):
+            offsets = tf.concat([[0], tf.cumsum(all_lengths[worker, me])], axis=0)
+            tensors: list[dict] = [dict() for _ in payloads]
+            for j, (k, name) in enumerate(parts):
+                local = payloads[k][me].tensors[name]
+                tensors[k][name] = _from_bytes(blobs[worker, offsets[j] : offsets[j + 1]], local)
+            for k, ps in enumerate(payloads):
+                received[k].append(ps[me].replace(tensors[k]))
+        return received, sent
+
     def _count_exact(self, values: list) -> None:
         dense = [v for v in values if not internal.is_indexed_slices(v)]
         sparse = [v for v in values if internal.is_indexed_slices(v)]
@@ -408,6 +630,87 @@ class CompressingCollectiveAllReduce(internal.CollectiveAllReduceHook):
         args = internal.collective_init_args(self)
         args["collective_keys"] = copy.deepcopy(args["collective_keys"], memo)
         return CompressingCollectiveAllReduce(handle=self.compression_handle, **args)
+
+
+class _UnitCompressors:
+    """The bound compressors of one unit (bucket or tensor) on one local replica.
+
+    Attributes:
+      whole: the compressor of the whole unit (all-reduce and all-gather paths).
+      shards: two-stage path: the stage-1 compressor of each shard.
+      second: two-stage path: the compressor of the shard this replica owns.
+    """
+
+    def __init__(
+        self,
+        whole: Compressor | None = None,
+        shards: tuple[Compressor, ...] | None = None,
+        second: Compressor | None = None,
+    ):
+        self.whole = whole
+        self.shards = shards
+        self.second = second
+
+    def branch(self, index: int) -> _UnitCompressors:
+        """The views of phase ``index`` of every compressor of the unit."""
+        return _UnitCompressors(
+            whole=None if self.whole is None else self.whole.branch(index),
+            shards=None if self.shards is None else tuple(s.branch(index) for s in self.shards),
+            second=None if self.second is None else self.second.branch(index),
+        )
+
+    @property
+    def summable(self) -> bool:
+        """Whether the unit's payloads are summed by the all-reduce (this phase)."""
+        return (self.whole or self.shards[0]).summable
+
+    def compress_all(self, x: tf.Tensor) -> list[Payload]:
+        """The unit's payloads: one, or one per shard on the two-stage path."""
+        if self.shards is None:
+            return [self.whole.compress(x)]
+        shards = aggregation.shard(x, len(self.shards))
+        return [c.compress(s) for c, s in zip(self.shards, shards, strict=True)]
+
+    def decompress_all(self, payloads: list[Payload], like: tf.Tensor) -> tf.Tensor:
+        """Inverse of :meth:`compress_all` for summed payloads, shaped like ``like``."""
+        if self.shards is None:
+            return self.whole.decompress(payloads[0])
+        parts = [c.decompress(p) for c, p in zip(self.shards, payloads, strict=True)]
+        flat = tf.concat(parts, axis=0)[: like.shape.num_elements()]
+        return tf.reshape(flat, like.shape)
+
+    def owners(self, key: str) -> list[tuple[str, Compressor]]:
+        """(state key, compressor) of every compressor of the unit, for the checkpoint."""
+        if self.shards is None:
+            return [(key, self.whole)]
+        owners = [(f"{key}/shard{j}", c) for j, c in enumerate(self.shards)]
+        return [*owners, (f"{key}/stage2", self.second)]
+
+
+def _payload_tensors(payloads: list[Payload]) -> list[tf.Tensor]:
+    return [t for p in payloads for t in p.tensors.values()]
+
+
+_COUNTED = ("bytes_sent", "bytes_gathered", "bytes_all_to_all")
+_TIMED = ("compress_seconds", "decompress_seconds")
+
+
+def _zero_amounts() -> dict[str, tf.Tensor]:
+    """Counter amounts of an aggregation, all zero (every phase branch returns all of them)."""
+    amounts = {name: tf.constant(0, tf.int64) for name in _COUNTED}
+    amounts.update({name: tf.constant(0.0, tf.float64) for name in _TIMED})
+    return amounts
+
+
+def _timeline_rows(rows: list[list[tf.Tensor | None]]) -> tf.Tensor:
+    """Per-pack wall-clock readings, zero-padded to ``TrafficCounters.TIMELINE_PACKS`` rows."""
+    limit = TrafficCounters.TIMELINE_PACKS
+    width = len(TrafficCounters.TIMELINE_COLUMNS)
+    rows = rows[:limit]
+    if not rows or any(t is None for row in rows for t in row):
+        return tf.zeros([limit, width], tf.float64)
+    stacked = tf.stack([tf.stack(row) for row in rows])
+    return tf.pad(stacked, [[0, limit - len(rows)], [0, 0]])
 
 
 def _tensor_keys(values: list[tf.Tensor]) -> list[str]:

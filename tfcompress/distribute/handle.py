@@ -6,7 +6,8 @@ Everything tfcompress keeps for that strategy lives in one
 :class:`CompressionHandle`, built once by the factory and passed to the
 cross-device ops' constructor:
 
-* the compressor (the only place it is stored) and the policy;
+* the compressor (the only place it is stored), the policy and the
+  :class:`~tfcompress.distribute.Aggregation` (buckets, packs, path);
 * the traffic counters;
 * the checkpointable :class:`~tfcompress.distribute.CompressionState`.
 
@@ -24,6 +25,7 @@ import tensorflow as tf
 from tfcompress import _internal as internal
 from tfcompress.compressors.base import Compressor
 from tfcompress.distribute.accounting import TrafficCounters
+from tfcompress.distribute.aggregation import Aggregation
 from tfcompress.distribute.checkpointing import CompressionState
 from tfcompress.distribute.policy import CompressionPolicy
 
@@ -35,14 +37,25 @@ __all__ = [
 ]
 
 
-def settings_text(compressor: Compressor | None, policy: CompressionPolicy) -> str:
+def settings_text(
+    compressor: Compressor | None,
+    policy: CompressionPolicy,
+    aggregation: Aggregation | None = None,
+) -> str:
     """Text that identifies compression settings (checked across workers and checkpoints)."""
-    return f"compression={compressor!r}, policy={policy!r}"
+    text = f"compression={compressor!r}, policy={policy!r}"
+    if aggregation is not None and aggregation != Aggregation():
+        text += f", aggregation={aggregation!r}"
+    return text
 
 
-def settings_digest(compressor: Compressor | None, policy: CompressionPolicy) -> int:
+def settings_digest(
+    compressor: Compressor | None,
+    policy: CompressionPolicy,
+    aggregation: Aggregation | None = None,
+) -> int:
     """A 56-bit digest of :func:`settings_text` (int64-safe, for a collective gather)."""
-    text = settings_text(compressor, policy)
+    text = settings_text(compressor, policy, aggregation)
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:7], "little")
 
 
@@ -63,6 +76,7 @@ class CompressionHandle:
       state: the checkpointable compressor state; ``None`` for cross-device
         ops built directly rather than by a strategy factory (nothing to
         gather with, so nothing is checkpointed).
+      aggregation: how payloads are combined (default ``Aggregation()``).
     """
 
     def __init__(
@@ -71,8 +85,10 @@ class CompressionHandle:
         policy: CompressionPolicy,
         counters: TrafficCounters,
         state: CompressionState | None = None,
+        aggregation: Aggregation | None = None,
     ):
         self._compressor = compressor
+        self._aggregation = aggregation or Aggregation()
         self.policy = policy
         self.counters = counters
         self.state = state
@@ -82,30 +98,48 @@ class CompressionHandle:
         """The compressor new aggregations are traced with."""
         return self._compressor
 
-    def set_compressor(self, compressor: Compressor | None) -> None:
-        """Replaces the compressor; the old one's state is forgotten.
+    @property
+    def aggregation(self) -> Aggregation:
+        """How payloads are combined (fused buckets, packs, all-gather or two stages)."""
+        return self._aggregation
+
+    @property
+    def settings(self) -> str:
+        """The text of the current settings (:func:`settings_text`)."""
+        return settings_text(self._compressor, self.policy, self._aggregation)
+
+    def set_compressor(
+        self, compressor: Compressor | None, aggregation: Aggregation | None = None
+    ) -> None:
+        """Replaces the compressor (and the aggregation, when given); the old state is forgotten.
 
         Cross-device ops rebind their tensors to the new compressor the next
         time a function is traced; the checkpointable state starts empty with
         the new settings.
         """
         self._compressor = compressor
+        if aggregation is not None:
+            self._aggregation = aggregation
         if self.state is not None:
-            self.state.reset(settings_text(compressor, self.policy))
+            self.state.reset(self.settings)
 
     def __repr__(self) -> str:
-        return f"CompressionHandle({settings_text(self._compressor, self.policy)})"
+        return f"CompressionHandle({self.settings})"
 
     @classmethod
     def for_strategy(
-        cls, strategy: tf.distribute.Strategy, compressor: Compressor | None, policy
+        cls,
+        strategy: tf.distribute.Strategy,
+        compressor: Compressor | None,
+        policy,
+        aggregation: Aggregation | None = None,
     ) -> CompressionHandle:
         """A handle with checkpointable state for ``strategy`` (used by the factories)."""
         devices = internal.devices_of(internal.cross_device_ops_of(strategy))
         state = CompressionState(
             strategy,
-            settings_text(compressor, policy),
+            settings_text(compressor, policy, aggregation),
             first_global_replica=first_global_replica(devices),
             num_local_replicas=len(devices),
         )
-        return cls(compressor, policy, TrafficCounters(devices[0]), state)
+        return cls(compressor, policy, TrafficCounters(devices[0]), state, aggregation)

@@ -18,6 +18,7 @@ import tensorflow as tf
 from tfcompress import _internal as internal
 from tfcompress.compressors import registry
 from tfcompress.compressors.base import Compressor
+from tfcompress.distribute.aggregation import Aggregation
 from tfcompress.distribute.checkpointing import CompressionState
 from tfcompress.distribute.cross_device_ops import (
     CompressingCollectiveAllReduce,
@@ -31,6 +32,7 @@ _log = logging.getLogger(__name__)
 __all__ = [
     "MirroredStrategy",
     "MultiWorkerMirroredStrategy",
+    "aggregation_timeline",
     "compression_metrics",
     "compression_of",
     "compression_state",
@@ -60,6 +62,7 @@ def MultiWorkerMirroredStrategy(  # noqa: N802 - mirrors tf.distribute's class n
     cluster_resolver: tf.distribute.cluster_resolver.ClusterResolver | None = None,
     communication_options: tf.distribute.experimental.CommunicationOptions | None = None,
     policy: CompressionPolicy | int | None = None,
+    aggregation: Aggregation | str = "auto",
 ) -> tf.distribute.MultiWorkerMirroredStrategy:
     """A ``tf.distribute.MultiWorkerMirroredStrategy`` that compresses gradients.
 
@@ -76,6 +79,10 @@ def MultiWorkerMirroredStrategy(  # noqa: N802 - mirrors tf.distribute's class n
         bytes per pack); they apply to the compressed payloads too.
       policy: which tensors are compressed; a ``CompressionPolicy`` or an int
         ``min_size``. Default: dense float tensors with >= 1024 elements.
+      aggregation: how payloads are combined: ``"auto"`` (default),
+        ``"allgather"`` or ``"two_stage"``, or an
+        :class:`~tfcompress.distribute.Aggregation` that also sets the fused
+        bucket and pack sizes (see :mod:`tfcompress.distribute.aggregation`).
 
     Returns:
       The strategy, ready for ``with strategy.scope(): ...``.
@@ -86,10 +93,11 @@ def MultiWorkerMirroredStrategy(  # noqa: N802 - mirrors tf.distribute's class n
             compression=tfcompress.compressors.FP16())
     """
     compressor, policy = _resolve(compression, policy)
+    aggregation = Aggregation.of(aggregation)
     strategy = tf.distribute.MultiWorkerMirroredStrategy(
         cluster_resolver=cluster_resolver, communication_options=communication_options
     )
-    _install(strategy, compressor, policy)
+    _install(strategy, compressor, policy, aggregation)
     return strategy
 
 
@@ -98,6 +106,7 @@ def MirroredStrategy(  # noqa: N802 - mirrors tf.distribute's class name
     compression: Compressor | str | None = None,
     policy: CompressionPolicy | int | None = None,
     communication_options: tf.distribute.experimental.CommunicationOptions | None = None,
+    aggregation: Aggregation | str = "auto",
 ) -> tf.distribute.MirroredStrategy:
     """A ``tf.distribute.MirroredStrategy`` over local devices that compresses gradients.
 
@@ -110,11 +119,13 @@ def MirroredStrategy(  # noqa: N802 - mirrors tf.distribute's class name
       compression: a compressor, a registry name, or ``None``.
       policy: as in :func:`MultiWorkerMirroredStrategy`.
       communication_options: collective options.
+      aggregation: as in :func:`MultiWorkerMirroredStrategy`.
 
     Returns:
       The strategy.
     """
     compressor, policy = _resolve(compression, policy)
+    aggregation = Aggregation.of(aggregation)
     if devices is None:
         gpus = tf.config.list_logical_devices("GPU")
         devices = [d.name for d in gpus] or ["/device:CPU:0"]
@@ -126,19 +137,19 @@ def MirroredStrategy(  # noqa: N802 - mirrors tf.distribute's class name
         devices, len(devices), options, collective_keys=fresh_collective_keys()
     )
     strategy = tf.distribute.MirroredStrategy(devices=devices, cross_device_ops=plain)
-    _install(strategy, compressor, policy)
+    _install(strategy, compressor, policy, aggregation)
     return strategy
 
 
-def _install(strategy, compressor, policy) -> None:
+def _install(strategy, compressor, policy, aggregation: Aggregation) -> None:
     """Builds the strategy's handle and swaps in cross-device ops that carry it."""
     plain = internal.cross_device_ops_of(strategy)
-    handle = CompressionHandle.for_strategy(strategy, compressor, policy)
+    handle = CompressionHandle.for_strategy(strategy, compressor, policy, aggregation)
     internal.replace_cross_device_ops(
         strategy,
         CompressingCollectiveAllReduce(handle=handle, **internal.collective_init_args(plain)),
     )
-    _check_same_settings_on_every_worker(strategy, compressor, policy)
+    _check_same_settings_on_every_worker(strategy, handle)
     _point_keras3_users_to_the_fix(strategy)
 
 
@@ -161,8 +172,13 @@ def _point_keras3_users_to_the_fix(strategy) -> None:
         )
 
 
-def set_compression(strategy, compression: Compressor | str | None, **options) -> None:
-    """Replaces the compressor of a tfcompress strategy.
+def set_compression(
+    strategy,
+    compression: Compressor | str | None,
+    aggregation: Aggregation | str | None = None,
+    **options,
+) -> None:
+    """Replaces the compressor (and optionally the aggregation) of a tfcompress strategy.
 
     Functions traced before the change keep the compressor they were traced
     with (the choice is made at trace time): trace new ones, e.g. with Keras
@@ -172,12 +188,17 @@ def set_compression(strategy, compression: Compressor | str | None, **options) -
     Args:
       strategy: a strategy made by a tfcompress factory.
       compression: the new compressor, a registry name, or ``None`` (exact).
+      aggregation: a new aggregation mode or :class:`Aggregation`; ``None``
+        keeps the current one.
       **options: options for a compressor given by name.
     """
-    _handle(strategy).set_compressor(registry.get(compression, **options))
+    _handle(strategy).set_compressor(
+        registry.get(compression, **options),
+        None if aggregation is None else Aggregation.of(aggregation),
+    )
 
 
-def _check_same_settings_on_every_worker(strategy, compressor, policy) -> None:
+def _check_same_settings_on_every_worker(strategy, handle: CompressionHandle) -> None:
     """Raises when the workers were started with different compression settings.
 
     Workers that disagree would send payloads the others cannot decode (or
@@ -186,15 +207,15 @@ def _check_same_settings_on_every_worker(strategy, compressor, policy) -> None:
     """
     if internal.num_workers(strategy) <= 1:
         return
-    digest = settings_digest(compressor, policy)
+    digest = settings_digest(handle.compressor, handle.policy, handle.aggregation)
     local = strategy.run(lambda: tf.constant([digest], tf.int64))
     digests = [int(d) for d in strategy.gather(local, axis=0).numpy()]
     different = [i for i, d in enumerate(digests) if d != digests[0]]
     if different:
         raise ValueError(
             f"compression settings differ across workers: replicas {different} do not use the "
-            f"settings of replica 0; this worker uses compression={compressor!r}, "
-            f"policy={policy!r}. Start every worker with the same compressor and options."
+            f"settings of replica 0; this worker uses {handle.settings}. "
+            "Start every worker with the same compressor, policy and aggregation."
         )
 
 
@@ -274,6 +295,18 @@ def compression_metrics(strategy) -> dict[str, float]:
         for name, value in bound.metrics().items():
             totals.setdefault(name, []).append(float(value))
     return {name: sum(values) / len(values) for name, values in totals.items()}
+
+
+def aggregation_timeline(strategy):
+    """Per-pack wall-clock readings of this worker's last compressed aggregation.
+
+    Returns:
+      A ``[packs, 4]`` NumPy array, in seconds from the first pack's start:
+      when each pack's gradients were ready, compressed, through the
+      collectives and decoded (see ``TrafficCounters.timeline``); packs in
+      launch order. Empty without the op library's clock.
+    """
+    return _handle(strategy).counters.timeline()
 
 
 def reset_traffic_stats(strategy) -> None:

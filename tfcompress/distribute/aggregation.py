@@ -1,0 +1,298 @@
+"""How compressed payloads are combined: fused buckets, packs, all-gather or two stages.
+
+Three things decide the time of one compressed aggregation beyond the bytes:
+
+* **Fused buckets** (Horovod's fusion buffer, DDP's gradient buckets). Many
+  small gradients each compressed, exchanged and decoded on their own cost
+  hundreds of small ops per step. With a compressor that works on the
+  flattened tensor (``Compressor.fusable``), gradients smaller than
+  ``bucket_bytes`` are concatenated, in order and per dtype, into buckets of
+  up to ``bucket_bytes`` that are compressed as one tensor. Larger gradients
+  are units of their own. What changes: the compressor sees the bucket, so
+  ``TopK(ratio)`` keeps the top entries *across* its layers, ``SignSGD``'s
+  scale and QSGD's norms span layer boundaries, and the per-element state
+  (error memories, DIANA shifts) is kept per bucket, still per element and
+  still checkpointed.
+* **Packs.** Units are grouped, last layers first (they are ready first in
+  backprop), into packs of at least ``pack_bytes`` of gradient. Every pack has
+  its own collectives, and the compression of pack ``p + 1`` may only start
+  once pack ``p`` is compressed, so the transfer of one pack overlaps the
+  compression of the next and the decoding of the previous one.
+* **The path of non-summable payloads.** ``"allgather"``: every worker
+  receives and decodes the N-1 other payloads, so traffic and decoding grow
+  with N. ``"two_stage"`` (a compressed reduce-scatter then all-gather, after
+  DoubleSqueeze, Tang et al. 2019): every unit is cut into N equal shards
+  (zero-padded); worker ``i`` compresses every shard and the all-to-all
+  collective sends shard ``j`` of every worker to worker ``j``, which decodes
+  and sums its N payloads and compresses that sum again with the
+  *second-stage compressor*; an all-gather of these N shard payloads gives
+  every worker the same full sum, bit for bit. Bytes received per worker:
+  about ``2 (N-1)/N`` payloads instead of ``N-1``; decoding: one tensor's
+  worth instead of N-1. The second stage adds the error of a second
+  compression: unbiased compressors stay unbiased (fresh randomness), biased
+  ones keep a residual memory on the shard owner
+  (``ErrorFeedback``, DoubleSqueeze's server-side error compensation).
+
+``"auto"`` picks ``"two_stage"`` from 3 replicas on, for compressors that
+support it, and ``"allgather"`` otherwise: with 2 replicas both paths move the
+same bytes (one payload) and two stages only add a second compression
+(docs/BENCHMARKS.md, section 7, has the measured crossover).
+
+Summable payloads (FP16, RandomK, GradiVeQ coefficients) are always summed by
+the all-reduce; ``tf.IndexedSlices`` always take the all-gather path.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+
+import tensorflow as tf
+
+from tfcompress.compressors.base import Compressor
+from tfcompress.compressors.error_feedback import ErrorFeedback
+from tfcompress.compressors.switch import Switch
+
+__all__ = [
+    "MODES",
+    "Aggregation",
+    "Unit",
+    "fuse",
+    "pack_units",
+    "plan_units",
+    "second_stage_of",
+    "shard",
+    "supports_two_stage",
+    "unfuse",
+]
+
+#: The aggregation modes a strategy accepts.
+MODES = ("auto", "allgather", "two_stage")
+
+#: Number of replicas from which ``"auto"`` chooses ``"two_stage"``.
+TWO_STAGE_FROM_REPLICAS = 3
+
+
+@dataclasses.dataclass(frozen=True)
+class Aggregation:
+    """How a compressing strategy combines payloads (see the module docstring).
+
+    Args:
+      mode: ``"auto"`` (default), ``"allgather"`` or ``"two_stage"``.
+      bucket_bytes: gradients smaller than this are fused into buckets of up
+        to this many bytes (compressors with ``fusable``); 0 turns fusion off.
+        Default 4 MiB (one million float32 elements).
+      pack_bytes: units are grouped into packs of at least this many
+        gradient bytes, each with its own collectives (pipelining); 0 puts
+        every unit in a pack of its own. Default 4 MiB.
+
+    Raises:
+      ValueError: for an unknown mode or a negative size.
+    """
+
+    mode: str = "auto"
+    bucket_bytes: int = 4 << 20
+    pack_bytes: int = 4 << 20
+
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise ValueError(
+                f"aggregation={self.mode!r} is not a mode; use one of {', '.join(map(repr, MODES))}"
+            )
+        for name in ("bucket_bytes", "pack_bytes"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"Aggregation({name}={value!r}) must be an int >= 0")
+
+    @classmethod
+    def of(cls, value: Aggregation | str | None) -> Aggregation:
+        """``value`` as an :class:`Aggregation` (a mode name, or ``None`` for the default)."""
+        if value is None:
+            return cls()
+        if isinstance(value, Aggregation):
+            return value
+        if isinstance(value, str):
+            return cls(mode=value)
+        raise TypeError(
+            f"aggregation must be a mode name or a tfcompress.distribute.Aggregation, "
+            f"got {type(value).__name__}"
+        )
+
+    def uses_two_stage(self, compressor: Compressor | None, num_replicas: int) -> bool:
+        """Whether ``compressor``'s payloads take the two-stage path on ``num_replicas``.
+
+        ``"two_stage"`` and ``"auto"`` (from :data:`TWO_STAGE_FROM_REPLICAS`
+        replicas on) use it for compressors that :func:`supports_two_stage`;
+        the others aggregate through the all-reduce or the all-gather.
+        """
+        if self.mode == "allgather" or num_replicas < 2 or not supports_two_stage(compressor):
+            return False
+        return self.mode == "two_stage" or num_replicas >= TWO_STAGE_FROM_REPLICAS
+
+
+def supports_two_stage(compressor: Compressor | None) -> bool:
+    """True when ``compressor``'s non-summable payloads can be aggregated in two stages.
+
+    It must treat tensors as flat vectors (``fusable``: shards are valid
+    inputs), combine payloads by summing them (``sums_payloads``) and not be
+    summable as a whole (summable payloads are all-reduced anyway).
+    """
+    if compressor is None or compressor.summable or not compressor.fusable:
+        return False
+    return second_stage_of(compressor) is not None
+
+
+def second_stage_of(compressor: Compressor) -> Compressor | None:
+    """The compressor that re-compresses a shard owner's sum, or ``None`` if there is none.
+
+    * summable compressors: themselves (their shards are simply all-reduced);
+    * unbiased compressors (QSGD, TernGrad, PQuant) and ``ErrorFeedback``:
+      themselves, bound anew, so with fresh randomness or their own memory;
+    * other biased compressors (TopK, Threshold, SignSGD, DeepReduce):
+      ``ErrorFeedback`` around them, so the owner keeps the residual of its
+      shard (DoubleSqueeze);
+    * a :class:`~tfcompress.compressors.Switch`: a Switch of its phases'
+      second stages that follows its phase;
+    * compressors whose aggregate is not a sum of decoded payloads (DIANA,
+      SignSGD's majority vote): ``None``.
+    """
+    if isinstance(compressor, Switch):
+        phases = [second_stage_of(p) for p in compressor.phases]
+        if any(p is None for p in phases):
+            return None
+        return compressor.with_phases(phases)
+    if compressor.summable:
+        return compressor
+    if not compressor.fusable or not compressor.sums_payloads:
+        return None
+    if compressor.unbiased or isinstance(compressor, ErrorFeedback):
+        return compressor
+    return ErrorFeedback(compressor)
+
+
+@dataclasses.dataclass(frozen=True)
+class Unit:
+    """Tensors compressed as one: a fused bucket, or a single gradient.
+
+    Attributes:
+      members: positions of the gradients in the aggregated list.
+      key: stable name of the unit (its state's name in checkpoints).
+    """
+
+    members: tuple[int, ...]
+    key: str
+
+    @property
+    def fused(self) -> bool:
+        """True for a bucket of several gradients (compressed flattened)."""
+        return len(self.members) > 1
+
+
+def plan_units(
+    keys: Sequence[str],
+    values: Sequence[tf.Tensor],
+    compressor: Compressor | None,
+    bucket_bytes: int,
+) -> list[Unit]:
+    """Groups gradients into units (see the module docstring).
+
+    Gradients smaller than ``bucket_bytes`` are fused, in list order and per
+    dtype, into buckets of at most ``bucket_bytes``; every other gradient,
+    and every gradient of a compressor that is not ``fusable``, is a unit of
+    its own under its own key. A bucket is named by its dtype, size and
+    ordinal, so the names are the same on every replica, step and retrace.
+
+    Args:
+      keys: per-gradient keys (dtype, shape, ordinal).
+      values: the gradients (static shapes).
+      compressor: the compressor the units go to.
+      bucket_bytes: the bucket size; 0 turns fusion off.
+    """
+    if compressor is None or not compressor.fusable or bucket_bytes <= 0:
+        return [Unit((i,), key) for i, key in enumerate(keys)]
+    open_buckets: dict[tf.DType, list[int]] = {}
+    groups: list[list[int]] = []
+    for i, v in enumerate(values):
+        nbytes = v.shape.num_elements() * v.dtype.size
+        if nbytes >= bucket_bytes:
+            groups.append([i])
+            continue
+        bucket = open_buckets.get(v.dtype)
+        if bucket is not None and _nbytes_of(values, bucket) + nbytes > bucket_bytes:
+            bucket = None
+        if bucket is None:
+            bucket = open_buckets[v.dtype] = []
+            groups.append(bucket)
+        bucket.append(i)
+    groups.sort(key=lambda g: g[0])
+    units = []
+    seen: dict[str, int] = {}
+    for group in groups:
+        if len(group) == 1:
+            units.append(Unit((group[0],), keys[group[0]]))
+            continue
+        size = sum(values[i].shape.num_elements() for i in group)
+        base = f"bucket:{values[group[0]].dtype.name}[{size}]"
+        units.append(Unit(tuple(group), f"{base}#{seen.get(base, 0)}"))
+        seen[base] = seen.get(base, 0) + 1
+    return units
+
+
+def _nbytes_of(values: Sequence[tf.Tensor], positions: Sequence[int]) -> int:
+    return sum(values[i].shape.num_elements() * values[i].dtype.size for i in positions)
+
+
+def fuse(unit: Unit, values: Sequence[tf.Tensor]) -> tf.Tensor:
+    """The tensor the unit's compressor sees: the gradient, or the flattened concatenation."""
+    if not unit.fused:
+        return values[unit.members[0]]
+    return tf.concat([tf.reshape(values[i], [-1]) for i in unit.members], axis=0)
+
+
+def unfuse(unit: Unit, summed: tf.Tensor, values: Sequence[tf.Tensor]) -> list[tf.Tensor]:
+    """The per-gradient parts of a unit's sum, shaped like ``values``."""
+    if not unit.fused:
+        return [summed]
+    sizes = [values[i].shape.num_elements() for i in unit.members]
+    parts = tf.split(summed, sizes)
+    return [tf.reshape(p, values[i].shape) for p, i in zip(parts, unit.members, strict=True)]
+
+
+def shard(x: tf.Tensor, num_shards: int) -> list[tf.Tensor]:
+    """``x`` flattened, zero-padded to a multiple of ``num_shards`` and cut into equal shards."""
+    flat = tf.reshape(x, [-1])
+    n = flat.shape.num_elements()
+    size = shard_size(n, num_shards)
+    flat = tf.pad(flat, [[0, size * num_shards - n]])
+    return tf.unstack(tf.reshape(flat, [num_shards, size]))
+
+
+def shard_size(num_elements: int, num_shards: int) -> int:
+    """Elements per shard: ``ceil(num_elements / num_shards)`` (at least 1)."""
+    return max(1, math.ceil(num_elements / num_shards))
+
+
+def pack_units(sizes: Sequence[int], pack_bytes: int) -> list[list[int]]:
+    """Positions of units grouped into packs, last unit first.
+
+    Gradients of the last layers are ready first in backprop, so packs are
+    formed and launched from the end of the list; a pack closes once it holds
+    at least ``pack_bytes`` (0: one unit per pack).
+
+    Args:
+      sizes: bytes of each unit's gradient.
+      pack_bytes: the pack threshold.
+    """
+    packs: list[list[int]] = []
+    current: list[int] = []
+    total = 0
+    for i in reversed(range(len(sizes))):
+        current.append(i)
+        total += sizes[i]
+        if total >= pack_bytes:
+            packs.append(current)
+            current, total = [], 0
+    if current:
+        packs.append(current)
+    return packs
