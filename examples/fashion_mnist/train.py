@@ -35,6 +35,18 @@ parser.add_argument(
     "--error-feedback", action="store_true", help="wrap the compressor in ErrorFeedback"
 )
 parser.add_argument("--diana", action="store_true", help="wrap the (unbiased) compressor in DIANA")
+parser.add_argument(
+    "--aggregation",
+    choices=["auto", "allgather", "two_stage"],
+    default="auto",
+    help="how non-summable payloads are combined (tfcompress.distribute.Aggregation)",
+)
+parser.add_argument(
+    "--bucket-bytes",
+    type=int,
+    default=None,
+    help="fused bucket size in bytes (0: every tensor compressed on its own; default 4 MiB)",
+)
 parser.add_argument("--keras", choices=["keras3", "tf_keras"], default="keras3")
 parser.add_argument("--epochs", type=int, default=2)
 parser.add_argument(
@@ -84,7 +96,14 @@ if args.error_feedback:
     compression = tfcompress.compressors.ErrorFeedback(compression)
 if args.diana:
     compression = tfcompress.compressors.DIANA(compression)
-strategy = tfcompress.distribute.MultiWorkerMirroredStrategy(compression=compression)
+aggregation = tfcompress.distribute.Aggregation(args.aggregation)
+if args.bucket_bytes is not None:
+    aggregation = tfcompress.distribute.Aggregation(
+        args.aggregation, bucket_bytes=args.bucket_bytes
+    )
+strategy = tfcompress.distribute.MultiWorkerMirroredStrategy(
+    compression=compression, aggregation=aggregation
+)
 
 keras.utils.set_random_seed(args.seed)
 (x_train, y_train), (x_test, y_test) = tfcompress.data.load_fashion_mnist(

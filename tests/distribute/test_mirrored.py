@@ -25,8 +25,10 @@ def plain_mirrored():
     return _plain[0]
 
 
-def make(compression, min_size=4):
-    return tfcompress.distribute.MirroredStrategy(DEVICES, compression=compression, policy=min_size)
+def make(compression, min_size=4, aggregation="auto"):
+    return tfcompress.distribute.MirroredStrategy(
+        DEVICES, compression=compression, policy=min_size, aggregation=aggregation
+    )
 
 
 def per_replica(strategy, values_fn):
@@ -201,6 +203,7 @@ def test_traffic_counters_measure_payloads():
         "bytes_compressible": 2 * 8 * 4,
         "aggregations": 2,
         "bytes_gathered": 0,
+        "bytes_all_to_all": 0,
     }
     assert all(0 < s < 10 for s in seconds.values())
 
@@ -246,7 +249,11 @@ def test_policy_validation():
 
 
 def test_stateful_compressor_is_bound_per_tensor_and_replica():
-    strategy = make(tfcompress.compressors.ErrorFeedback("fp16"))
+    # Without fused buckets: every tensor is a unit of its own.
+    strategy = make(
+        tfcompress.compressors.ErrorFeedback("fp16"),
+        aggregation=tfcompress.distribute.Aggregation(bucket_bytes=0),
+    )
 
     def step():
         ctx = tf.distribute.get_replica_context()

@@ -1,16 +1,94 @@
-"""Time of one gradient aggregation (compress + collective + decompress).
+"""Time of one gradient aggregation (compress + collectives + decode) per aggregation path.
 
-For each model's gradient shapes, number of workers and link rate, starts the
-workers with the launcher (``--bandwidth``: one network namespace per worker
-behind a rate-limited bridge, needs root; ``--bandwidth none``: loopback),
-and in that one run times every variant: each worker all-reduces random
-tensors of the model's gradient shapes through
-``tfcompress.distribute.MultiWorkerMirroredStrategy`` with the variant's
-compressor, inside a ``tf.function``; the figure is the median over
-``--repeats`` calls after a warm-up call, as seen by worker 0.
+For each model's gradient shapes (``--models``, see
+:mod:`tfcompress.bench.models`), number of workers (``--workers``, e.g. 2 4 8)
+and link rate, starts the workers with the launcher (``--bandwidth``: one
+network namespace per worker behind a rate-limited bridge, needs root;
+``--bandwidth none``: loopback), and in that one run times every row: a
+variant (compressor, ``--variants``) under an aggregation setting
+(``--aggregations``, see :mod:`tfcompress.distribute.aggregation`):
 
-The physical limit of a ring all-reduce is ``2 (N-1)/N * bytes / rate``: the
-table gives it for the uncompressed gradient and for each variant's payload.
+* ``per-tensor allgather``: ``Aggregation("allgather", bucket_bytes=0,
+  pack_bytes=<all>)``: every tensor compressed on its own and all payloads in
+  one pack (one all-gather), as before fused buckets and packs;
+* ``buckets allgather``: ``Aggregation("allgather")``: default fused buckets
+  and packs (4 MiB), payloads all-gathered;
+* ``buckets two_stage``: ``Aggregation("two_stage")``: default buckets and
+  packs, all-to-all of shards then all-gather of the re-compressed shard sums;
+* ``auto``: ``Aggregation()``: ``two_stage`` from 3 workers on for the
+  compressors that support it, else ``allgather``.
+
+Summable variants (uncompressed, fp16, gradiveq) are all-reduced whatever the
+mode, so they get one row, ``auto`` (fp16 gets the default buckets with it),
+whatever ``--aggregations`` says. A setting that comes down to the same path,
+bucket and pack sizes as a setting already measured for the variant (``auto``
+always equals one of the two ``buckets`` settings; DIANA has no two-stage path,
+so its ``buckets two_stage`` is ``buckets allgather``) is not measured again:
+its row repeats that row's numbers and its aggregation cell says ``(= ...)``.
+
+Each worker aggregates random tensors of the model's gradient shapes through
+``tfcompress.distribute.MultiWorkerMirroredStrategy`` inside a
+``tf.function``; the figures are per call: the median over ``--repeats``
+calls after a warm-up call, as seen by worker 0 (which also prints one
+progress line per row to stderr). Columns:
+
+* **path**: how the compressed payloads travelled, read from the byte
+  counters: ``all-reduce`` (summable), ``allgather`` or ``two_stage``;
+* **packs**: packs of the last call (``aggregation_timeline``; 0 when
+  nothing is compressed);
+* **time (ms)**: median wall time of one call; **vs uncompressed**: the
+  uncompressed row's time over this one (same model, workers and link);
+* **compress / decode (ms)**: ``traffic_stats``' ``compress_seconds`` and
+  ``decompress_seconds`` per call. They are summed over packs, and packs
+  overlap (pack ``p + 1`` compresses while pack ``p`` is on the wire), so
+  they can add up to more than the time they took; two stages count both
+  stages (the shard owner's decoding, sum and re-compression included);
+* **collectives (ms)**: ``time - compress - decode``, clipped at 0: the
+  collectives, the exact all-reduce of the tensors the policy leaves
+  uncompressed, waiting for the slowest worker and the call itself. An
+  underestimate when packs overlap;
+* **sent MB**: bytes this worker handed to the collectives per call
+  (``bytes_sent``: payloads, their size vectors and padding, exact tensors);
+* **limit (ms)**: the wire limit of those bytes on links of the rate, per
+  path, from the counters: of ``bytes_sent``, ``bytes_gathered`` (``G``, the
+  all-gather: every other worker receives it) crosses each worker's link
+  ``N - 1`` times, ``bytes_all_to_all`` (``A``: every other worker receives
+  ``1/N`` of it) ``(N-1)/N`` times, and the rest (``R``, all-reduced by a
+  ring) ``2 (N-1)/N`` times::
+
+      limit = 8 * ((N-1) G + (N-1)/N A + 2 (N-1)/N R) / rate
+
+  ``n/a`` on the loopback; **time / limit**: how close the row gets to it.
+
+``aggregate.json`` holds every row with its byte counters, ``all_seconds`` and
+``timeline``: the last call's ``[packs, 4]`` (start, compressed, received,
+decoded) seconds from the first pack's start (two stages: received = after the
+second all-gather). ``--plot`` draws ``aggregate.png`` (compress, collectives
+and decode stacked per row and cell) and ``aggregate-timeline.png`` (the row
+with the most packs: one bar per pack, its compress, collectives and decode
+spans).
+
+GradiVeQ runs only when named (``--variants gradiveq``): it is phased and
+costly to bring into its compressed phase. It runs with no exact warm-up, 16 QSGD sampling calls on
+fresh random gradients (the basis is fitted at the last one) and one
+compressed warm-up call before the timed, compressed calls. Random gradients
+have a flat spectrum, so the basis keeps nearly all of the ``min(K, 16 S)``
+components it can have (``S`` slices of ``K`` elements per tensor): its bytes
+follow from the sampling length, not from a model (on real ResNet-20
+gradients ``d`` was 29-76 after 40 sampling steps, docs/BENCHMARKS.md
+section 5), and ResNet-18's 512x1000 dense kernel (``K = 1000``) is barely
+compressed. Its samples and basis take about 32 times the gradient's memory
+per worker and fitting them more: ResNet-20 is fine, ResNet-18's shapes
+(47 MB of gradient) took over 11 GB on worker 0 and were killed for memory.
+
+The full matrix (a rate limit needs root; the cells are the product of
+``--models``, ``--workers`` and ``--bandwidth``, so 8 workers on ResNet-20
+only is a second run)::
+
+    sudo tfcompress bench aggregate --models resnet20 resnet18 --workers 2 4 \\
+        --bandwidth 100mbit --repeats 3 --out out/aggregate --plot
+    sudo tfcompress bench aggregate --models resnet20 --workers 8 \\
+        --bandwidth 100mbit --repeats 3 --out out/aggregate-8 --plot
 """
 
 from __future__ import annotations
@@ -24,37 +102,111 @@ import statistics
 import sys
 import tempfile
 import time
+from typing import NamedTuple
 
-__all__ = ["VARIANTS", "main", "worker_main"]
+__all__ = [
+    "AGGREGATIONS",
+    "DEFAULT_VARIANTS",
+    "VARIANTS",
+    "Variant",
+    "check_names",
+    "format_table",
+    "main",
+    "wire_limit_seconds",
+    "worker_main",
+]
 
-# label -> (registry name or None, options, wrap in ErrorFeedback, wrap in DIANA)
-VARIANTS: dict[str, tuple[str | None, dict, str | None]] = {
-    "uncompressed": (None, {}, None),
-    "fp16": ("fp16", {}, None),
-    "qsgd 4-bit": ("qsgd", {"bits": 4, "seed": 1}, None),
-    "topk 1% + EF": ("topk", {"ratio": 0.01}, "error_feedback"),
-    "diana(qsgd 4-bit)": ("qsgd", {"bits": 4, "seed": 1}, "diana"),
+
+class Variant(NamedTuple):
+    """A compressor of the benchmark.
+
+    Attributes:
+      name: registry name, or ``None`` for uncompressed.
+      options: constructor options.
+      wrapper: registry name of a wrapper (``error_feedback``, ``diana``) or ``None``.
+      warmup: untimed calls before the timed ones (phased compressors need more),
+        on fresh random gradients after the first.
+    """
+
+    name: str | None
+    options: dict
+    wrapper: str | None = None
+    warmup: int = 1
+
+
+#: Sampling calls of the GradiVeQ variant (see the module docstring).
+GRADIVEQ_SAMPLING_STEPS = 16
+
+VARIANTS: dict[str, Variant] = {
+    "uncompressed": Variant(None, {}),
+    "fp16": Variant("fp16", {}),
+    "qsgd 4-bit": Variant("qsgd", {"bits": 4, "seed": 1}),
+    "topk 1% + EF": Variant("topk", {"ratio": 0.01}, "error_feedback"),
+    "diana(qsgd 4-bit)": Variant("qsgd", {"bits": 4, "seed": 1}, "diana"),
+    "deepreduce": Variant("deepreduce", {"index_codec": "bloom", "value_codec": "qsgd"}),
+    "gradiveq": Variant(
+        "gradiveq",
+        {
+            "warmup_steps": 0,
+            "sampling_steps": GRADIVEQ_SAMPLING_STEPS,
+            "compressed_steps": 1_000_000,
+            "sampling": "qsgd",
+        },
+        warmup=GRADIVEQ_SAMPLING_STEPS + 1,
+    ),
 }
+
+#: The variants run when ``--variants`` is not given: all but GradiVeQ (module docstring).
+DEFAULT_VARIANTS: tuple[str, ...] = tuple(label for label in VARIANTS if label != "gradiveq")
+
+#: A pack threshold no gradient list reaches: everything in one pack.
+_ONE_PACK = 1 << 62
+
+#: label -> ``tfcompress.distribute.Aggregation`` arguments.
+AGGREGATIONS: dict[str, dict] = {
+    "per-tensor allgather": {"mode": "allgather", "bucket_bytes": 0, "pack_bytes": _ONE_PACK},
+    "buckets allgather": {"mode": "allgather"},
+    "buckets two_stage": {"mode": "two_stage"},
+    "auto": {"mode": "auto"},
+}
+
+#: The setting of summable variants (the mode does not change them).
+SUMMABLE_SETTING = "auto"
+
+# Worker 0's progress lines start with this; the parent echoes only those.
+_PROGRESS = "tfcompress-bench-progress: "
 
 
 def _make(label: str):
     from tfcompress import compressors  # noqa: PLC0415
 
-    name, options, wrapper = VARIANTS[label]
-    if name is None:
+    variant = VARIANTS[label]
+    if variant.name is None:
         return None
-    if name not in compressors.available() or (wrapper and wrapper not in compressors.available()):
+    wrapper = variant.wrapper
+    if variant.name not in compressors.available() or (
+        wrapper and wrapper not in compressors.available()
+    ):
         return "unavailable"
-    inner = compressors.get(name, **options)
+    inner = compressors.get(variant.name, **variant.options)
     return compressors.get(wrapper, inner=inner) if wrapper else inner
 
 
+def _path(stats: dict) -> str:
+    if stats.get("bytes_all_to_all", 0) > 0:
+        return "two_stage"
+    if stats.get("bytes_gathered", 0) > 0:
+        return "allgather"
+    return "all-reduce"
+
+
 def worker_main(argv: list[str]) -> int:
-    """Runs inside each worker: times every variant, worker 0 writes the results."""
+    """Runs inside each worker: times every row, worker 0 writes the results."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", required=True)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--variants", nargs="+", required=True)
+    parser.add_argument("--aggregations", nargs="+", default=list(AGGREGATIONS))
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
 
@@ -62,47 +214,107 @@ def worker_main(argv: list[str]) -> int:
 
     import tfcompress  # noqa: PLC0415
     from tfcompress.bench.models import gradient_shapes  # noqa: PLC0415
+    from tfcompress.distribute import Aggregation  # noqa: PLC0415
 
     strategy = tfcompress.distribute.MultiWorkerMirroredStrategy(compression=None)
     task = strategy.cluster_resolver.task_id
+    n = strategy.num_replicas_in_sync
     shapes = gradient_shapes(args.model)
-    grads = [
-        tf.random.stateless_normal(shape, seed=[task, i]) * 1e-2 for i, shape in enumerate(shapes)
-    ]
-    rows = []
-    for label in args.variants:
-        compressor = _make(label)
-        if compressor == "unavailable":
-            rows.append({"variant": label, "available": False})
-            continue
-        tfcompress.distribute.set_compression(strategy, compressor)
 
-        @tf.function
-        def step():
+    def random_gradients(draw: int) -> list:
+        return [
+            tf.random.stateless_normal(shape, seed=[task, draw * 100_000 + i]) * 1e-2
+            for i, shape in enumerate(shapes)
+        ]
+
+    grads = random_gradients(0)
+
+    def time_row(label: str, compressor, aggregation) -> dict:
+        tfcompress.distribute.set_compression(strategy, compressor, aggregation=aggregation)
+
+        @tf.function  # a new function per row: the compressor is read at trace time
+        def step(gradients):
             def replica_fn():
-                reduced = tf.distribute.get_replica_context().all_reduce("sum", grads)
+                # On the replica's device (a function argument has none).
+                local = [tf.identity(g) for g in gradients]
+                reduced = tf.distribute.get_replica_context().all_reduce("sum", local)
                 return tf.add_n([tf.reduce_sum(r) for r in reduced])
 
             return strategy.run(replica_fn)
 
-        step()  # trace + warm-up
+        for k in range(VARIANTS[label].warmup):  # trace + warm-up (+ a phased compressor's phases)
+            float(step(grads if k == 0 else random_gradients(k)))
         tfcompress.distribute.reset_traffic_stats(strategy)
         times = []
         for _ in range(args.repeats):
             start = time.perf_counter()
-            float(step())
+            float(step(grads))
             times.append(time.perf_counter() - start)
         stats = tfcompress.distribute.traffic_stats(strategy)
-        rows.append(
-            {
-                "variant": label,
-                "available": True,
-                "seconds": statistics.median(times),
-                "all_seconds": times,
-                "bytes_sent": stats["bytes_sent"] / args.repeats,
-                "bytes_uncompressed": stats["bytes_uncompressed"] / args.repeats,
-            }
-        )
+        per_call = {
+            name: stats.get(name, 0) / args.repeats
+            for name in (
+                "bytes_sent",
+                "bytes_uncompressed",
+                "bytes_gathered",
+                "bytes_all_to_all",
+                "compress_seconds",
+                "decompress_seconds",
+            )
+        }
+        timeline = tfcompress.distribute.aggregation_timeline(strategy)
+        return {
+            "seconds": statistics.median(times),
+            "all_seconds": times,
+            **per_call,
+            "path": _path(stats),
+            "packs": int(len(timeline)),
+            "timeline": [[float(t) for t in row] for row in timeline],
+        }
+
+    def progress(label: str, setting: str, row: dict) -> None:
+        if task == 0:
+            same = f" (= {row['same_as']})" if row.get("same_as") else ""
+            print(
+                f"{_PROGRESS}{label} / {setting}{same}: {1000 * row['seconds']:.0f} ms",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    rows = []
+    for label in args.variants:
+        probe = _make(label)
+        if probe == "unavailable":
+            rows.append({"variant": label, "available": False})
+            continue
+        summable = probe is None or probe.summable
+        settings = [SUMMABLE_SETTING] if summable else args.aggregations
+        measured: dict[tuple, dict] = {}
+        for setting in settings:
+            compressor = _make(label)  # fresh: no state or bindings from another row
+            aggregation = Aggregation(**AGGREGATIONS[setting])
+            fusable = compressor is not None and compressor.fusable
+            key = (
+                aggregation.uses_two_stage(compressor, n),
+                aggregation.bucket_bytes if fusable else 0,
+                aggregation.pack_bytes,
+            )
+            if key in measured:
+                row = {
+                    **measured[key],
+                    "aggregation": setting,
+                    "same_as": measured[key]["aggregation"],
+                }
+            else:
+                row = {
+                    "variant": label,
+                    "aggregation": setting,
+                    "available": True,
+                    **time_row(label, compressor, aggregation),
+                }
+                measured[key] = row
+            progress(label, setting, row)
+            rows.append(row)
     if task == 0:
         pathlib.Path(args.out).write_text(json.dumps(rows))
     return 0
@@ -117,18 +329,72 @@ def _rate_bits_per_second(rate: str) -> float | None:
     return float(match.group(1)) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[match.group(2)]
 
 
+def wire_limit_seconds(row: dict, workers: int, rate: float) -> float:
+    """Seconds the row's bytes need on links of ``rate`` bit/s (module docstring).
+
+    All-gathered bytes cross each worker's link ``N - 1`` times, all-to-all
+    bytes ``(N-1)/N`` times, the all-reduced rest ``2 (N-1)/N`` times (ring).
+    """
+    n = workers
+    gathered = row.get("bytes_gathered", 0)
+    all_to_all = row.get("bytes_all_to_all", 0)
+    reduced = row["bytes_sent"] - gathered - all_to_all
+    received = (n - 1) * gathered + (n - 1) / n * all_to_all + 2 * (n - 1) / n * reduced
+    return 8 * received / rate
+
+
+def check_names(given: list[str] | None, valid, option: str) -> str | None:
+    """An error message for the names of ``given`` not in ``valid`` (``None`` if all are)."""
+    unknown = [name for name in given or [] if name not in valid]
+    if not unknown:
+        return None
+    return (
+        f"{option}: unknown {', '.join(map(repr, unknown))}; valid names: "
+        f"{', '.join(map(repr, valid))} (quote names with spaces)"
+    )
+
+
+class _ProgressEcho:
+    """The launcher's echo stream: passes worker 0's progress lines on to stderr."""
+
+    def write(self, text: str) -> None:
+        prefix = "[worker 0] " + _PROGRESS
+        if text.startswith(prefix):
+            sys.stderr.write("  " + text[len(prefix) :])
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
 def main(args: argparse.Namespace) -> int:
     """Runs the benchmark matrix (see the module docstring) and prints the table."""
     from tfcompress.launch import launch  # noqa: PLC0415
 
-    variants = args.variants or list(VARIANTS)
+    aggregations = getattr(args, "aggregations", None)
+    for given, valid, option in (
+        (args.variants, VARIANTS, "--variants"),
+        (aggregations, AGGREGATIONS, "--aggregations"),
+    ):
+        message = check_names(given, valid, option)
+        if message:
+            print(f"tfcompress bench aggregate: {message}", file=sys.stderr)
+            return 2
+    variants = args.variants or list(DEFAULT_VARIANTS)
+    aggregations = aggregations or list(AGGREGATIONS)
+    try:
+        for rate in args.bandwidth:
+            _rate_bits_per_second(rate)  # a bad rate fails before any launch
+    except ValueError as error:
+        print(f"tfcompress bench aggregate: {error}", file=sys.stderr)
+        return 2
     out = pathlib.Path(args.out or tempfile.mkdtemp(prefix="tfcompress-bench-aggregate-"))
     out.mkdir(parents=True, exist_ok=True)
     results = []
     cells = [(m, n, b) for m in args.models for n in args.workers for b in args.bandwidth]
     for k, (model, n, rate) in enumerate(cells, 1):
         print(
-            f"[{k}/{len(cells)}] {model}, {n} workers, {rate}: timing {len(variants)} variants ...",
+            f"[{k}/{len(cells)}] {model}, {n} workers, {rate}: timing {len(variants)} variants "
+            f"x {len(aggregations)} aggregations ...",
             file=sys.stderr,
             flush=True,
         )
@@ -146,13 +412,15 @@ def main(args: argparse.Namespace) -> int:
             str(result_file),
             "--variants",
             *variants,
+            "--aggregations",
+            *aggregations,
         ]
         env = {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": os.pathsep.join(sys.path)}
         run = launch(
             command,
             n,
             timeout=args.timeout,
-            stream=None,
+            stream=_ProgressEcho(),
             env=env,
             bandwidth=None if rate == "none" else rate,
         )
@@ -166,65 +434,136 @@ def main(args: argparse.Namespace) -> int:
     print(table)
     (out / "aggregate.json").write_text(json.dumps(results, indent=2))
     (out / "aggregate.md").write_text(table + "\n")
+    written = [out / "aggregate.md"]
     if args.plot:
         _plot(results, out / "aggregate.png")
-    print(f"\nwritten: {out}/aggregate.md" + (f", {out}/aggregate.png" if args.plot else ""))
+        written.append(out / "aggregate.png")
+        if _plot_timeline(results, out / "aggregate-timeline.png"):
+            written.append(out / "aggregate-timeline.png")
+    print(f"\nwritten: {', '.join(map(str, written))}")
     return 0
 
 
+_HEADER = (
+    "| model | workers | link | variant | aggregation | path | packs | time (ms) "
+    "| vs uncompressed | compress (ms) | collectives (ms) | decode (ms) | sent MB "
+    "| limit (ms) | time / limit |"
+)
+
+
+def _breakdown(row: dict) -> tuple[float, float, float]:
+    """(compress, collectives, decode) seconds of one call; collectives clipped at 0."""
+    compress = row.get("compress_seconds", 0.0)
+    decode = row.get("decompress_seconds", 0.0)
+    return compress, max(0.0, row["seconds"] - compress - decode), decode
+
+
 def format_table(results: list[dict]) -> str:
-    """Markdown table of the aggregation times."""
-    lines = [
-        "| model | workers | link | variant | time (ms) | vs uncompressed | payload MB | limit (ms) | time / limit |",
-        "|---|---:|---|---|---:|---:|---:|---:|---:|",
-    ]
+    """Markdown table of the aggregation times (columns: module docstring)."""
+    lines = [_HEADER, "|---|---:|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     base = {
         (r["model"], r["workers"], r["bandwidth"]): r
         for r in results
         if r["variant"] == "uncompressed" and r.get("available")
     }
     for r in results:
+        cell = f"| {r['model']} | {r['workers']} | {r['bandwidth']} | {r['variant']} |"
         if not r.get("available"):
-            lines.append(
-                f"| {r['model']} | {r['workers']} | {r['bandwidth']} | {r['variant']} | not available | | | | |"
-            )
+            lines.append(f"{cell} | | | not available |" + " |" * 7)
             continue
+        aggregation = r.get("aggregation", "")
+        if r.get("same_as"):
+            aggregation += f" (= {r['same_as']})"
         b = base.get((r["model"], r["workers"], r["bandwidth"]))
         speedup = f"{b['seconds'] / r['seconds']:.2f}x" if b else ""
         rate = _rate_bits_per_second(r["bandwidth"])
-        n = r["workers"]
         if rate:
-            limit = 2 * (n - 1) / n * r["bytes_sent"] * 8 / rate
+            limit = wire_limit_seconds(r, r["workers"], rate)
             limit_cell, ratio_cell = f"{1000 * limit:.0f}", f"{r['seconds'] / limit:.2f}"
         else:
             limit_cell = ratio_cell = "n/a"
+        compress, collectives, decode = _breakdown(r)
         lines.append(
-            f"| {r['model']} | {n} | {r['bandwidth']} | {r['variant']} | {1000 * r['seconds']:.1f} | "
-            f"{speedup} | {r['bytes_sent'] / 1e6:.2f} | {limit_cell} | {ratio_cell} |"
+            f"{cell} {aggregation} | {r.get('path', '')} | {r.get('packs', '')} | "
+            f"{1000 * r['seconds']:.1f} | {speedup} | {1000 * compress:.1f} | "
+            f"{1000 * collectives:.1f} | {1000 * decode:.1f} | {r['bytes_sent'] / 1e6:.2f} | "
+            f"{limit_cell} | {ratio_cell} |"
         )
     return "\n".join(lines)
 
 
-def _plot(results: list[dict], path: pathlib.Path) -> None:
+def _pyplot():
     import matplotlib  # noqa: PLC0415
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
+    return plt
+
+
+def _plot(results: list[dict], path: pathlib.Path) -> None:
+    """Per cell, one stacked bar per row: compress, collectives, decode (ms)."""
+    plt = _pyplot()
     cells = list(dict.fromkeys((r["model"], r["workers"], r["bandwidth"]) for r in results))
-    fig, axes = plt.subplots(1, len(cells), figsize=(5 * len(cells), 4.5), squeeze=False)
+    most = max(
+        sum(1 for r in results if (r["model"], r["workers"], r["bandwidth"]) == c) for c in cells
+    )
+    width = max(5.0, 0.4 * most)
+    fig, axes = plt.subplots(1, len(cells), figsize=(width * len(cells), 5.5), squeeze=False)
     for ax, cell in zip(axes[0], cells, strict=True):
         rows = [
             r
             for r in results
             if (r["model"], r["workers"], r["bandwidth"]) == cell and r.get("available")
         ]
-        ax.bar([r["variant"] for r in rows], [1000 * r["seconds"] for r in rows])
+        labels = [f"{r['variant']} / {r.get('aggregation', '')}" for r in rows]
+        bottom = [0.0] * len(rows)
+        for part, name in enumerate(("compress", "collectives", "decode")):
+            heights = [1000 * _breakdown(r)[part] for r in rows]
+            ax.bar(labels, heights, bottom=bottom, label=name)
+            bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
         ax.set_title(f"{cell[0]}, N={cell[1]}, {cell[2]}")
         ax.set_ylabel("aggregation time (ms)")
-        ax.tick_params(axis="x", rotation=45)
+        ax.tick_params(axis="x", rotation=75, labelsize=7)
+        ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def _plot_timeline(results: list[dict], path: pathlib.Path) -> bool:
+    """The per-pack timeline of the row with the most packs; False when no row has one."""
+    rows = [r for r in results if r.get("available") and r.get("timeline")]
+    if not rows:
+        return False
+    row = max(rows, key=lambda r: len(r["timeline"]))
+    plt = _pyplot()
+    timeline = row["timeline"]
+    fig, ax = plt.subplots(figsize=(9, 1.5 + 0.3 * len(timeline)))
+    spans = (("compress", 0, 1, "tab:blue"), ("collectives", 1, 2, "tab:orange"))
+    spans += (("decode", 2, 3, "tab:green"),)
+    for name, first, last, color in spans:
+        ax.barh(
+            range(len(timeline)),
+            [1000 * (t[last] - t[first]) for t in timeline],
+            left=[1000 * t[first] for t in timeline],
+            color=color,
+            label=name,
+        )
+    ax.set_yticks(range(len(timeline)))
+    ax.set_yticklabels([f"pack {p}" for p in range(len(timeline))], fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("ms from the first pack's start (last call)")
+    ax.set_title(
+        f"{row['model']}, N={row['workers']}, {row['bandwidth']}: "
+        f"{row['variant']} / {row.get('aggregation', '')} "
+        f"({len(timeline)} pack{'' if len(timeline) == 1 else 's'})"
+    )
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return True
 
 
 if __name__ == "__main__":

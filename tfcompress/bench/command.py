@@ -34,20 +34,47 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def _configure_aggregate(benchmarks) -> None:
+    # The aggregate module imports TensorFlow only when run, so its names are cheap to read.
+    from tfcompress.bench.aggregate import AGGREGATIONS, VARIANTS  # noqa: PLC0415
+
     agg = benchmarks.add_parser(
         "aggregate",
-        help="time of one gradient aggregation per compressor, workers and link rate",
-        description="Compress + collective + decompress time for a model's gradient shapes.",
+        help="time of one gradient aggregation per compressor, aggregation path, workers "
+        "and link rate",
+        description="Compress + collectives + decode time for a model's gradient shapes, per "
+        "compressor and aggregation setting (all-gather or two stages, fused buckets, packs), "
+        "with the wire limit of each row's bytes.",
     )
-    agg.add_argument("--models", nargs="+", default=["resnet20", "resnet18"])
-    agg.add_argument("--workers", type=int, nargs="+", default=[2, 4])
+    agg.add_argument(
+        "--models",
+        nargs="+",
+        default=["resnet20", "resnet18"],
+        help="gradient shapes of these models (resnet20, resnet18)",
+    )
+    agg.add_argument(
+        "--workers", type=int, nargs="+", default=[2, 4], help="worker counts, e.g. 2 4 8"
+    )
     agg.add_argument(
         "--bandwidth",
         nargs="+",
         default=["100mbit", "1gbit"],
         help="link rates (tc syntax); 'none' for unlimited loopback (no root needed)",
     )
-    agg.add_argument("--variants", nargs="*", help="variant labels (default: all)")
+    agg.add_argument(
+        "--variants",
+        nargs="*",
+        metavar="NAME",
+        help="compressors (default: all but gradiveq): "
+        + ", ".join(map(repr, VARIANTS)).replace("%", "%%"),  # argparse formats help with %
+    )
+    agg.add_argument(
+        "--aggregations",
+        nargs="*",
+        metavar="NAME",
+        help="aggregation settings for the non-summable compressors (default: all): "
+        + ", ".join(map(repr, AGGREGATIONS))
+        + "; summable ones (uncompressed, fp16, gradiveq) run once, with 'auto'",
+    )
     agg.add_argument("--repeats", type=int, default=3)
     agg.add_argument("--timeout", type=float, default=1800, help="seconds per launch")
     agg.add_argument("--out", default=None)
@@ -62,7 +89,11 @@ def _configure_train(benchmarks) -> None:
     )
     train.add_argument("--bandwidth", default="100mbit", help="link rate, or 'none' for loopback")
     train.add_argument("--workers", type=int, default=2)
-    train.add_argument("--variants", nargs="*", help="variant labels (default: all)")
+    train.add_argument(
+        "--variants",
+        nargs="*",
+        help='variant labels (default: all but the aggregation comparisons, labels with ", ")',
+    )
     train.add_argument("--epochs", type=int, default=4)
     train.add_argument("--train-size", type=int, default=20000)
     train.add_argument("--batch-size", type=int, default=128)

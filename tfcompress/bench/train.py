@@ -19,15 +19,44 @@ import pathlib
 import sys
 import tempfile
 
-__all__ = ["VARIANTS", "main"]
+__all__ = ["DEFAULT_VARIANTS", "VARIANTS", "main"]
 
-# label -> train.py arguments
+_QSGD4 = ["--compression", "qsgd", "--option", "bits=4", "--option", "seed=1"]
+_TOPK_EF = ["--compression", "topk", "--option", "ratio=0.01", "--error-feedback"]
+
+# label -> train.py arguments (the default aggregation is "auto")
 VARIANTS: dict[str, list[str]] = {
     "uncompressed": ["--compression", "none"],
     "fp16": ["--compression", "fp16"],
-    "qsgd 4-bit": ["--compression", "qsgd", "--option", "bits=4", "--option", "seed=1"],
-    "topk 1% + EF": ["--compression", "topk", "--option", "ratio=0.01", "--error-feedback"],
+    "qsgd 4-bit": _QSGD4,
+    "topk 1% + EF": _TOPK_EF,
     "signsgd + EF": ["--compression", "signsgd", "--error-feedback"],
+    # The same compressors per tensor on the all-gather path, and with fused
+    # buckets and two-stage aggregation (the aggregation issue's accuracy check).
+    "qsgd 4-bit, per-tensor allgather": [
+        *_QSGD4,
+        "--aggregation",
+        "allgather",
+        "--bucket-bytes",
+        "0",
+    ],
+    "qsgd 4-bit, buckets two_stage": [*_QSGD4, "--aggregation", "two_stage"],
+    "topk 1% + EF, per-tensor allgather": [
+        *_TOPK_EF,
+        "--aggregation",
+        "allgather",
+        "--bucket-bytes",
+        "0",
+    ],
+    "topk 1% + EF, buckets two_stage": [*_TOPK_EF, "--aggregation", "two_stage"],
+    "topk 1% + EF, buckets allgather": [*_TOPK_EF, "--aggregation", "allgather"],
+    "topk 1% + EF, per-tensor two_stage": [
+        *_TOPK_EF,
+        "--aggregation",
+        "two_stage",
+        "--bucket-bytes",
+        "0",
+    ],
     "diana(qsgd 4-bit)": [
         "--compression",
         "qsgd",
@@ -38,6 +67,10 @@ VARIANTS: dict[str, list[str]] = {
         "--diana",
     ],
 }
+
+
+#: Variants run when ``--variants`` is not given (the aggregation comparisons are opt-in).
+DEFAULT_VARIANTS = [label for label in VARIANTS if ", " not in label]
 
 
 def _train_script() -> pathlib.Path:
@@ -52,7 +85,7 @@ def main(args: argparse.Namespace) -> int:
     from tfcompress.compressors import available  # noqa: PLC0415
     from tfcompress.launch import launch  # noqa: PLC0415
 
-    labels = args.variants or list(VARIANTS)
+    labels = args.variants or DEFAULT_VARIANTS
     out = pathlib.Path(args.out or tempfile.mkdtemp(prefix="tfcompress-bench-train-"))
     out.mkdir(parents=True, exist_ok=True)
     curves = {}

@@ -21,8 +21,8 @@ Three things decide the time of one compressed aggregation beyond the bytes:
 * **The path of non-summable payloads.** ``"allgather"``: every worker
   receives and decodes the N-1 other payloads, so traffic and decoding grow
   with N. ``"two_stage"`` (a compressed reduce-scatter then all-gather, after
-  DoubleSqueeze, Tang et al. 2019): every unit is cut into N equal shards
-  (zero-padded); worker ``i`` compresses every shard and the all-to-all
+  DoubleSqueeze, Tang et al. 2019): every unit is dealt into N equal, strided
+  shards (zero-padded); worker ``i`` compresses every shard and the all-to-all
   collective sends shard ``j`` of every worker to worker ``j``, which decodes
   and sums its N payloads and compresses that sum again with the
   *second-stage compressor*; an all-gather of these N shard payloads gives
@@ -65,6 +65,7 @@ __all__ = [
     "shard",
     "supports_two_stage",
     "unfuse",
+    "unshard",
 ]
 
 #: The aggregation modes a strategy accepts.
@@ -260,12 +261,26 @@ def unfuse(unit: Unit, summed: tf.Tensor, values: Sequence[tf.Tensor]) -> list[t
 
 
 def shard(x: tf.Tensor, num_shards: int) -> list[tf.Tensor]:
-    """``x`` flattened, zero-padded to a multiple of ``num_shards`` and cut into equal shards."""
+    """``x`` flattened, zero-padded to a multiple of ``num_shards`` and dealt into equal shards.
+
+    Shard ``j`` holds elements ``j, j + N, j + 2N, ...`` (strided, not
+    contiguous), so every shard samples every layer of a fused bucket alike.
+    With contiguous shards one owner could hold all of a bucket's large
+    entries, and a per-shard budget (TopK's ``k`` of the second stage) would
+    hold most of them back in its residual memory: on Fashion-MNIST with 4
+    workers, EF(TopK 1%) over buckets ended 3.6 points lower that way.
+    """
     flat = tf.reshape(x, [-1])
     n = flat.shape.num_elements()
     size = shard_size(n, num_shards)
     flat = tf.pad(flat, [[0, size * num_shards - n]])
-    return tf.unstack(tf.reshape(flat, [num_shards, size]))
+    return tf.unstack(tf.transpose(tf.reshape(flat, [size, num_shards])))
+
+
+def unshard(shards: Sequence[tf.Tensor], like: tf.Tensor) -> tf.Tensor:
+    """Inverse of :func:`shard`: the shards interleaved back, shaped like ``like``."""
+    flat = tf.reshape(tf.transpose(tf.stack(shards)), [-1])
+    return tf.reshape(flat[: like.shape.num_elements()], like.shape)
 
 
 def shard_size(num_elements: int, num_shards: int) -> int:

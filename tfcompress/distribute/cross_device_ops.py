@@ -102,7 +102,11 @@ class CompressingCollectiveAllReduce(internal.CollectiveAllReduceHook):
         self._bound: dict[tuple[str, int], Compressor] = {}
         # local replica -> the phase schedule of a phased compressor (None: not phased).
         self._schedules: dict[int, Schedule | None] = {}
-        self._bound_to: Compressor | None = handle.compressor
+        # The (compressor, aggregation) the bindings above belong to.
+        self._bound_to: tuple[Compressor | None, Aggregation] = (
+            handle.compressor,
+            handle.aggregation,
+        )
         # The second-stage compressor of two-stage aggregation (made once per compressor).
         self._second_stage: Compressor | None = None
         self._first_global_replica = first_global_replica(internal.devices_of(self))
@@ -133,12 +137,17 @@ class CompressingCollectiveAllReduce(internal.CollectiveAllReduceHook):
         return self.compression_handle.aggregation
 
     def _forget_old_compressor(self) -> None:
-        """Drops the tensors bound to a compressor the handle no longer holds."""
-        if self._bound_to is not self.compression_handle.compressor:
+        """Drops the tensors bound to settings the handle no longer holds.
+
+        A new compressor or a new aggregation (other units, other shards)
+        starts from fresh state, as the handle's checkpointable state does.
+        """
+        current = (self.compression_handle.compressor, self.compression_handle.aggregation)
+        if self._bound_to[0] is not current[0] or self._bound_to[1] != current[1]:
             self._bound.clear()
             self._schedules.clear()
             self._second_stage = None
-            self._bound_to = self.compression_handle.compressor
+            self._bound_to = current
 
     def bound_compressor(self, key: str, replica_id: int, value) -> Compressor:
         """The compressor bound to tensor ``key`` (like ``value``) on local replica ``replica_id``.
@@ -416,7 +425,7 @@ class CompressingCollectiveAllReduce(internal.CollectiveAllReduceHook):
         ]
         tensors = _payload_tensors([p for ps in payloads for p in ps])
         compressed = _timestamp_after(tensors, start)
-        received, sent = self._all_to_all_payloads(payloads, replica_id, options)
+        received, sent_lengths, sent = self._all_to_all_payloads(payloads, replica_id, options)
         arrived = _timestamp_after(_payload_tensors([p for ps in received for p in ps]), compressed)
         return {
             "payload_tensors": tensors,
@@ -432,6 +441,7 @@ class CompressingCollectiveAllReduce(internal.CollectiveAllReduceHook):
                     "compressed": compressed,
                     "arrived": arrived,
                     "sent": sent,
+                    "sent_lengths": sent_lengths,
                 },
             ),
         }
@@ -453,15 +463,13 @@ class CompressingCollectiveAllReduce(internal.CollectiveAllReduceHook):
         )
         decoded = []
         for u, ps, x in zip(units, gathered, xs, strict=True):
-            shards = [u.second.decompress(p) for p in ps]
-            flat = tf.concat(shards, axis=0)[: x.shape.num_elements()]
-            decoded.append(tf.reshape(flat, x.shape))
+            decoded.append(aggregation.unshard([u.second.decompress(p) for p in ps], x))
         done = _timestamp_after(decoded, received2)
         return {
             "decoded": decoded,
             "amounts": {
-                "bytes_sent": first["sent"] + sent,
-                "bytes_gathered": sent,
+                "bytes_sent": first["sent_lengths"] + first["sent"] + sent,
+                "bytes_gathered": first["sent_lengths"] + sent,
                 "bytes_all_to_all": first["sent"],
                 "compress_seconds": _elapsed(first["start"], first["compressed"])
                 + _elapsed(summed, recompressed),
@@ -574,7 +582,7 @@ class CompressingCollectiveAllReduce(internal.CollectiveAllReduceHook):
 
     def _all_to_all_payloads(
         self, payloads: list[list[Payload]], replica_id: int, options
-    ) -> tuple[list[list[Payload]], tf.Tensor]:
+    ) -> tuple[list[list[Payload]], tf.Tensor, tf.Tensor]:
         """Sends shard ``j`` of every unit to replica ``j``: two collectives for the pack.
 
         ``payloads[k][j]`` is this replica's payload of unit ``k``, shard ``j``.
@@ -582,7 +590,8 @@ class CompressingCollectiveAllReduce(internal.CollectiveAllReduceHook):
         all-gather exchanges every replica's per-tensor byte lengths, and the
         all-to-all sends the rows, padded to the longest row of any replica
         (as int32 words). Returns ``received[k][w]``: replica ``w``'s payload of
-        unit ``k`` for the shard this replica owns, in replica order.
+        unit ``k`` for the shard this replica owns, in replica order, and the
+        bytes handed to the all-gather (lengths) and to the all-to-all (rows).
         """
         n = internal.group_size_of(self)
         me = self._first_global_replica + replica_id
@@ -602,8 +611,6 @@ class CompressingCollectiveAllReduce(internal.CollectiveAllReduceHook):
         words = tf.bitcast(tf.reshape(padded, [n, -1, 4]), tf.int32)
         arrived = internal.launcher_all_to_all(self, replica_id, words, options)
         blobs = tf.reshape(tf.bitcast(arrived, tf.uint8), [n, -1])
-        sent = _nbytes(lengths) + _nbytes(words)
-
         received: list[list[Payload]] = [[] for _ in payloads]
         for worker in range(n):
             offsets = tf.concat([[0], tf.cumsum(all_lengths[worker, me])], axis=0)
@@ -613,7 +620,7 @@ class CompressingCollectiveAllReduce(internal.CollectiveAllReduceHook):
                 tensors[k][name] = _from_bytes(blobs[worker, offsets[j] : offsets[j + 1]], local)
             for k, ps in enumerate(payloads):
                 received[k].append(ps[me].replace(tensors[k]))
-        return received, sent
+        return received, _nbytes(lengths), _nbytes(words)
 
     def _count_exact(self, values: list) -> None:
         dense = [v for v in values if not internal.is_indexed_slices(v)]
@@ -676,8 +683,7 @@ class _UnitCompressors:
         if self.shards is None:
             return self.whole.decompress(payloads[0])
         parts = [c.decompress(p) for c, p in zip(self.shards, payloads, strict=True)]
-        flat = tf.concat(parts, axis=0)[: like.shape.num_elements()]
-        return tf.reshape(flat, like.shape)
+        return aggregation.unshard(parts, like)
 
     def owners(self, key: str) -> list[tuple[str, Compressor]]:
         """(state key, compressor) of every compressor of the unit, for the checkpoint."""

@@ -18,7 +18,7 @@ import tensorflow as tf
 from tfcompress import _internal as internal
 from tfcompress.compressors import registry
 from tfcompress.compressors.base import Compressor
-from tfcompress.distribute.aggregation import Aggregation
+from tfcompress.distribute.aggregation import Aggregation, supports_two_stage
 from tfcompress.distribute.checkpointing import CompressionState
 from tfcompress.distribute.cross_device_ops import (
     CompressingCollectiveAllReduce,
@@ -150,7 +150,24 @@ def _install(strategy, compressor, policy, aggregation: Aggregation) -> None:
         CompressingCollectiveAllReduce(handle=handle, **internal.collective_init_args(plain)),
     )
     _check_same_settings_on_every_worker(strategy, handle)
+    _say_when_two_stage_does_not_apply(handle)
     _point_keras3_users_to_the_fix(strategy)
+
+
+def _say_when_two_stage_does_not_apply(handle: CompressionHandle) -> None:
+    """Warns when ``aggregation="two_stage"`` was asked for a compressor that cannot use it."""
+    compressor = handle.compressor
+    if (
+        handle.aggregation.mode == "two_stage"
+        and compressor is not None
+        and not compressor.summable
+        and not supports_two_stage(compressor)
+    ):
+        _log.warning(
+            "tfcompress: aggregation='two_stage' does not apply to %r (its payloads are not "
+            "combined by a plain sum of flat tensors); it aggregates through the all-gather.",
+            compressor,
+        )
 
 
 def _point_keras3_users_to_the_fix(strategy) -> None:
@@ -192,10 +209,12 @@ def set_compression(
         keeps the current one.
       **options: options for a compressor given by name.
     """
-    _handle(strategy).set_compressor(
+    handle = _handle(strategy)
+    handle.set_compressor(
         registry.get(compression, **options),
         None if aggregation is None else Aggregation.of(aggregation),
     )
+    _say_when_two_stage_does_not_apply(handle)
 
 
 def _check_same_settings_on_every_worker(strategy, handle: CompressionHandle) -> None:
@@ -253,9 +272,12 @@ def traffic_stats(strategy) -> dict[str, int | float]:
     """Cumulative traffic of this worker's aggregations (see ``TrafficCounters``).
 
     Returns:
-      ``bytes_sent``, ``bytes_uncompressed``, ``bytes_compressible`` and
-      ``aggregations`` (ints), and the measured ``compress_seconds`` and
-      ``decompress_seconds`` (floats), summed over this worker's local replicas.
+      ``bytes_sent``, ``bytes_uncompressed``, ``bytes_compressible``,
+      ``aggregations``, ``bytes_gathered`` (part of ``bytes_sent`` through the
+      all-gather) and ``bytes_all_to_all`` (part through the all-to-all of
+      two-stage aggregation) as ints, and the measured ``compress_seconds``
+      and ``decompress_seconds`` (floats), summed over this worker's local
+      replicas.
     """
     return _handle(strategy).counters.read()
 
