@@ -198,6 +198,7 @@ class DeepReduce(Compressor):
             if policy is not None:
                 index_options["policy"] = policy
         self.sparsifier = sparsifier
+        self.fusable = getattr(sparsifier, "fusable", False)
         self.index_codec = _make_index_codec(index_codec, index_options)
         self.value_codec = get_value_codec(value_codec, **dict(value_options or {}))
         self.seed = int(seed)

@@ -135,6 +135,9 @@ class TopK(_Sparse):
             if k < 1:
                 raise ValueError(f"TopK(k={k!r}): `k` must be >= 1")
             self.ratio, self.k = None, int(k)
+            # k entries per tensor: over a bucket or a shard that would mean
+            # another count, so a fixed k keeps every tensor whole.
+            self.fusable = False
         else:
             self.ratio = check_ratio("TopK", DEFAULT_RATIO if ratio is None else ratio)
             self.k = None
