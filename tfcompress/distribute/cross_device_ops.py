@@ -550,15 +550,16 @@ class CompressingCollectiveAllReduce(internal.CollectiveAllReduceHook):
         All payload tensors are serialised into one uint8 blob; a first
         all-gather exchanges the per-tensor byte lengths, a second the blobs
         padded to the longest one. Every replica then cuts the blobs at the same
-        offsets, so all of them decode identical payload lists.
+        offsets, so all of them decode identical payload lists. Payloads whose
+        sizes are all static (QSGD, TernGrad, SignSGD, TopK with a ratio) have
+        the same lengths on every replica: the first all-gather is skipped.
         """
         parts = [(k, name) for k, p in enumerate(payloads) for name in sorted(p.tensors)]
         tensors = [payloads[k].tensors[name] for k, name in parts]
         byte_parts = [_to_bytes(t) for t in tensors]
-        lengths = tf.stack([tf.size(b, out_type=tf.int64) for b in byte_parts])
         blob = tf.concat(byte_parts, axis=0)
-        all_lengths = internal.launcher_all_gather(self, replica_id, lengths, options)
-        all_lengths = tf.reshape(all_lengths, [internal.group_size_of(self), len(parts)])
+        all_lengths, sent_lengths = self._exchange_lengths([byte_parts], replica_id, options)
+        all_lengths = all_lengths[:, 0]  # [replica, part]
         totals = tf.reduce_sum(all_lengths, axis=1)
         # Collective gathers take 4- and 8-byte types only: the byte blob travels
         # as int32 words, padded to the longest blob rounded up to a word.
@@ -567,7 +568,7 @@ class CompressingCollectiveAllReduce(internal.CollectiveAllReduceHook):
         words = tf.bitcast(tf.reshape(padded, [-1, 4]), tf.int32)
         all_words = internal.launcher_all_gather(self, replica_id, words, options)
         all_blobs = tf.reshape(tf.bitcast(all_words, tf.uint8), [internal.group_size_of(self), -1])
-        sent = _nbytes(lengths) + _nbytes(words)
+        sent = sent_lengths + _nbytes(words)
 
         gathered: list[list[Payload]] = [[] for _ in payloads]
         for worker in range(internal.group_size_of(self)):
@@ -596,16 +597,12 @@ class CompressingCollectiveAllReduce(internal.CollectiveAllReduceHook):
         n = internal.group_size_of(self)
         me = self._first_global_replica + replica_id
         parts = [(k, name) for k, ps in enumerate(payloads) for name in sorted(ps[0].tensors)]
-        rows, lengths = [], []
-        for j in range(n):
-            byte_parts = [_to_bytes(payloads[k][j].tensors[name]) for k, name in parts]
-            lengths.append(tf.stack([tf.size(b, out_type=tf.int64) for b in byte_parts]))
-            rows.append(tf.concat(byte_parts, axis=0))
-        lengths = tf.stack(lengths)  # [shards, parts]
-        all_lengths = internal.launcher_all_gather(
-            self, replica_id, tf.reshape(lengths, [-1]), options
-        )
-        all_lengths = tf.reshape(all_lengths, [n, n, len(parts)])  # [replica, shard, part]
+        shard_parts = [
+            [_to_bytes(payloads[k][j].tensors[name]) for k, name in parts] for j in range(n)
+        ]
+        rows = [tf.concat(byte_parts, axis=0) for byte_parts in shard_parts]
+        # [replica, shard, part]
+        all_lengths, sent_lengths = self._exchange_lengths(shard_parts, replica_id, options)
         longest = (tf.reduce_max(tf.reduce_sum(all_lengths, axis=2)) + 3) // 4 * 4
         padded = tf.stack([tf.pad(r, [[0, longest - tf.size(r, out_type=tf.int64)]]) for r in rows])
         words = tf.bitcast(tf.reshape(padded, [n, -1, 4]), tf.int32)
@@ -620,7 +617,29 @@ class CompressingCollectiveAllReduce(internal.CollectiveAllReduceHook):
                 tensors[k][name] = _from_bytes(blobs[worker, offsets[j] : offsets[j + 1]], local)
             for k, ps in enumerate(payloads):
                 received[k].append(ps[me].replace(tensors[k]))
-        return received, _nbytes(lengths), _nbytes(words)
+        return received, sent_lengths, _nbytes(words)
+
+    def _exchange_lengths(
+        self, byte_parts: list[list[tf.Tensor]], replica_id: int, options
+    ) -> tuple[tf.Tensor, tf.Tensor]:
+        """Every replica's byte lengths ``[replica, row, part]`` of serialised payload rows.
+
+        One all-gather, unless every part has a static size: the program and
+        its settings are the same on every replica (checked when the strategy
+        is created), so static sizes are too, and nothing is exchanged.
+        Returns the lengths and the bytes handed to the all-gather.
+        """
+        n = internal.group_size_of(self)
+        static = [[b.shape.num_elements() for b in row] for row in byte_parts]
+        if all(size is not None for row in static for size in row):
+            return tf.constant([static] * n, tf.int64), tf.constant(0, tf.int64)
+        lengths = tf.stack(
+            [tf.stack([tf.size(b, out_type=tf.int64) for b in row]) for row in byte_parts]
+        )
+        gathered = internal.launcher_all_gather(
+            self, replica_id, tf.reshape(lengths, [-1]), options
+        )
+        return tf.reshape(gathered, [n, *lengths.shape]), _nbytes(lengths)
 
     def _count_exact(self, values: list) -> None:
         dense = [v for v in values if not internal.is_indexed_slices(v)]
