@@ -624,14 +624,16 @@ class CompressingCollectiveAllReduce(internal.CollectiveAllReduceHook):
     ) -> tuple[tf.Tensor, tf.Tensor]:
         """Every replica's byte lengths ``[replica, row, part]`` of serialised payload rows.
 
-        One all-gather, unless every part has a static size: the program and
-        its settings are the same on every replica (checked when the strategy
-        is created), so static sizes are too, and nothing is exchanged.
-        Returns the lengths and the bytes handed to the all-gather.
+        One all-gather, unless every part has a static size in a traced
+        function: the program and its settings are the same on every replica
+        (checked when the strategy is created), so static sizes are too, and
+        nothing is exchanged. (Eager tensors always have a concrete shape, so
+        eagerly the lengths are always exchanged.) Returns the lengths and the
+        bytes handed to the all-gather.
         """
         n = internal.group_size_of(self)
         static = [[b.shape.num_elements() for b in row] for row in byte_parts]
-        if all(size is not None for row in static for size in row):
+        if tf.inside_function() and all(size is not None for row in static for size in row):
             return tf.constant([static] * n, tf.int64), tf.constant(0, tf.int64)
         lengths = tf.stack(
             [tf.stack([tf.size(b, out_type=tf.int64) for b in row]) for row in byte_parts]
