@@ -162,6 +162,11 @@ def test_uses_two_stage():
     assert not auto.uses_two_stage(qsgd, 2)  # 2 replicas: the same bytes, one compression less
     assert auto.uses_two_stage(qsgd, aggregation.TWO_STAGE_FROM_REPLICAS)
     assert auto.uses_two_stage(qsgd, 8)
+    # Biased compressors only when asked: auto keeps them on the all-gather.
+    biased = ErrorFeedback(TopK(ratio=0.01))
+    assert not auto.uses_two_stage(biased, 8) and two.uses_two_stage(biased, 8)
+    assert auto.uses_two_stage(Switch([None, QSGD(bits=4)]), 4)
+    assert not auto.uses_two_stage(Switch([None, TopK(ratio=0.1)]), 4)
     assert two.uses_two_stage(qsgd, 2)
     assert not two.uses_two_stage(qsgd, 1)
     assert not gather.uses_two_stage(qsgd, 8)
