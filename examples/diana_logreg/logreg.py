@@ -31,7 +31,8 @@ indices, so the quantizer draws the same noise in both:
   About 15 s for both methods on 2 CPU cores (~4 ms per DIANA iteration).
 * ``--workers-mode launcher``: this script runs itself as 4 real workers
   through ``tfcompress.launch.launch``, with
-  ``tfcompress.distribute.MultiWorkerMirroredStrategy(compression=..., policy=1)``
+  ``tfcompress.distribute.MultiWorkerMirroredStrategy(compression=..., policy=1,
+  aggregation="allgather")``
   and a custom loop: ``strategy.run`` computes each worker's full local
   gradient and ``get_replica_context().all_reduce("sum", g)`` aggregates it
   through the compressing collectives (all-gather of the 2-bit payloads).
@@ -212,8 +213,10 @@ def run_worker(method: str, iterations: int, out: pathlib.Path) -> None:
     task = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
     problem = load_problem(int(os.environ["TFCOMPRESS_NUM_WORKERS"]))
     # policy=1: compress every float tensor, even this 31-element one.
+    # aggregation="allgather": every worker decodes every payload, as the
+    # simulation does ("auto" would use two stages for the plain quantizer).
     strategy = tfcompress.distribute.MultiWorkerMirroredStrategy(
-        compression=make_compressor(method), policy=1
+        compression=make_compressor(method), policy=1, aggregation="allgather"
     )
     num_workers = strategy.num_replicas_in_sync
     # x is worker-local, not mirrored: every worker applies the same aggregated

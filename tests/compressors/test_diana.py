@@ -518,7 +518,8 @@ def test_model_fit_on_two_workers_keeps_h_identical(tmp_path, keras_flavour):
     )
     workers = [np.load(tmp_path / f"worker{i}.npz") for i in range(2)]
     keys = [json.loads(str(w["keys"])) for w in workers]
-    assert keys[0] == keys[1] and len(keys[0]) == 2  # the two 2,048-element kernels
+    # The two 2,048-element kernels, fused into one bucket (the default aggregation).
+    assert keys[0] == keys[1] and len(keys[0]) == 1 and keys[0][0].startswith("bucket:")
     for j in range(len(keys[0])):
         shifts = [w[f"shift_{j}"] for w in workers]
         local = [w[f"local_shift_{j}"] for w in workers]
