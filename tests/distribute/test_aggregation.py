@@ -81,6 +81,16 @@ def exact_sums(arrays, n=0):
     return [(a[0] * (n + 1) + a[1] * (n + 1)).astype(a.dtype) for a in arrays]
 
 
+def assert_exact_sums(run, arrays, steps):
+    """Runs ``steps`` steps; every replica must hold the exact sums. Returns the last results."""
+    for n in range(steps):
+        result = run(n)
+        for got, want in zip(result, exact_sums(arrays, n), strict=True):
+            for replica in got:
+                np.testing.assert_array_equal(replica, want)
+    return result
+
+
 def assert_replicas_identical(results):
     for per_tensor in results:
         for other in per_tensor[1:]:
@@ -495,12 +505,7 @@ def test_two_stage_exact_compressor_gives_the_exact_sum():
     strategy = make(
         ErrorFeedback(TopK(ratio=1.0)), aggregation=Aggregation("two_stage", bucket_bytes=0)
     )
-    run = summer(strategy, arrays)
-    for n in range(2):
-        result = run(n)
-        for got, w in zip(result, exact_sums(arrays, n), strict=True):
-            for replica in got:
-                np.testing.assert_array_equal(replica, w)
+    assert_exact_sums(summer(strategy, arrays), arrays, steps=2)
     s = stats(strategy)
     assert s["bytes_all_to_all"] > 0 and s["bytes_gathered"] > 0
     exact_bytes = s["bytes_uncompressed"] - s["bytes_compressible"]
@@ -531,12 +536,7 @@ def test_two_stage_variable_size_and_empty_payloads():
     sparse = np.rint(rng.normal(size=(2, 301)) * 3) * (rng.uniform(size=(2, 301)) < [[0.1], [0.7]])
     arrays = [cancel.astype(np.float32), sparse.astype(np.float32)]
     strategy = make(Threshold(0.5), aggregation=Aggregation("two_stage", bucket_bytes=0))
-    run = summer(strategy, arrays)
-    for n in range(2):
-        result = run(n)
-        for got, w in zip(result, exact_sums(arrays, n), strict=True):
-            for replica in got:
-                np.testing.assert_array_equal(replica, w)
+    result = assert_exact_sums(summer(strategy, arrays), arrays, steps=2)
     np.testing.assert_array_equal(result[0][0][:32], 0)
 
 

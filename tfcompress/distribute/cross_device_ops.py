@@ -418,11 +418,7 @@ class CompressingCollectiveAllReduce(internal.CollectiveAllReduceHook):
 
         The returned ``finish`` runs the second half (see :meth:`_two_stage_second`).
         """
-        n = internal.group_size_of(self)
-        payloads = [
-            [u.shards[j].compress(s) for j, s in enumerate(aggregation.shard(x, n))]
-            for u, x in zip(units, xs, strict=True)
-        ]
+        payloads = [u.compress_all(x) for u, x in zip(units, xs, strict=True)]
         tensors = _payload_tensors([p for ps in payloads for p in ps])
         compressed = _timestamp_after(tensors, start)
         received, sent_lengths, sent = self._all_to_all_payloads(payloads, replica_id, options)
