@@ -1,5 +1,6 @@
 """The benchmark commands run end to end at a tiny size and print their tables."""
 
+import argparse
 import json
 import subprocess
 import sys
@@ -7,12 +8,20 @@ import sys
 import pytest
 
 from tests.multiworker import ROOT
+from tfcompress.bench import train as bench_train
 from tfcompress.bench.aggregate import (
     AGGREGATIONS,
+    DEFAULT_AGGREGATIONS,
     DEFAULT_VARIANTS,
+    MIN_COMPRESSED_CALLS,
     VARIANTS,
+    PhasePlan,
+    _make,
+    block_average,
     check_names,
     format_table,
+    phase_plan,
+    summable_settings,
     wire_limit_seconds,
 )
 from tfcompress.bench.models import gradient_shapes, num_parameters
@@ -142,10 +151,126 @@ def test_aggregate_table():
     assert loopback.splitlines()[2].endswith("| n/a | n/a |")
 
 
+def _phased_row(aggregation, sampling, compressed, lt=40, lc=60, **extra):
+    """A GradiVeQ row as the worker writes it: block averages plus the phases."""
+    plan = PhasePlan(1, lt, len(compressed["all_seconds"]), lt, lc)
+    average = block_average(sampling, compressed, plan)
+    return {
+        **_row("gradiveq", aggregation, average.pop("seconds"), average.pop("bytes_sent")),
+        **average,
+        "block": [lt, lc],
+        "phases": {"sampling": sampling, "compressed": compressed},
+        **extra,
+    }
+
+
+def _phase(seconds, sent, path, gathered=0, compress=0.0, decode=0.0, calls=5):
+    return {
+        "calls": calls,
+        "seconds": seconds,
+        "all_seconds": [seconds] * calls,
+        "bytes_sent": sent,
+        "bytes_uncompressed": 1_000_000,
+        "bytes_gathered": gathered,
+        "bytes_all_to_all": 0,
+        "compress_seconds": compress,
+        "decompress_seconds": decode,
+        "path": path,
+    }
+
+
+def test_aggregate_block_average():
+    sampling = _phase(0.300, 150_000, "allgather", gathered=140_000, compress=0.010, calls=40)
+    compressed = _phase(0.100, 20_000, "all-reduce", compress=0.002, decode=0.004)
+    plan = PhasePlan(untimed=1, sampling=40, compressed=5, sampling_steps=40, compressed_steps=60)
+    row = block_average(sampling, compressed, plan)
+    assert row["seconds"] == pytest.approx((40 * 0.300 + 60 * 0.100) / 100)  # 0.18
+    assert row["bytes_sent"] == pytest.approx((40 * 150_000 + 60 * 20_000) / 100)
+    assert row["bytes_gathered"] == pytest.approx(0.4 * 140_000)
+    assert row["compress_seconds"] == pytest.approx(0.4 * 0.010 + 0.6 * 0.002)
+    assert row["decompress_seconds"] == pytest.approx(0.6 * 0.004)
+    assert row["bytes_uncompressed"] == 1_000_000
+    assert row["path"] == "allgather / all-reduce"
+    same_path = block_average({**sampling, "path": "all-reduce"}, compressed, plan)
+    assert same_path["path"] == "all-reduce"
+
+
+def test_aggregate_phase_plan():
+    gradiveq, paper = _make("gradiveq"), _make("gradiveq paper")
+    # the trace call is the one exact warm-up step: the timed calls start a block
+    assert gradiveq.warmup_steps == paper.warmup_steps == 1
+    assert (paper.sampling_steps, paper.compressed_steps) == (100, 400)  # GradiVeQ.paper()
+    lt, lc = gradiveq.sampling_steps, gradiveq.compressed_steps  # the library's defaults
+    assert phase_plan(gradiveq, 3) == PhasePlan(1, lt, MIN_COMPRESSED_CALLS, lt, lc)
+    assert phase_plan(paper, 3) == PhasePlan(1, 100, 5, 100, 400)
+    assert phase_plan(paper, 12).compressed == 12  # max(--repeats, 5)
+    assert phase_plan(paper, 1000).compressed == 400  # at most L_c
+    assert phase_plan(_make("qsgd 4-bit"), 3) is None
+    assert phase_plan(_make("uncompressed"), 3) is None
+    from tfcompress.compressors import GradiVeQ  # noqa: PLC0415
+
+    with pytest.raises(ValueError, match="warmup_steps >= 1"):
+        phase_plan(GradiVeQ(warmup_steps=0), 3)  # the trace would be a sampling step
+    assert phase_plan(GradiVeQ(warmup_steps=3), 3).untimed == 3
+
+
+def test_aggregate_one_pack_setting():
+    from tfcompress.distribute import Aggregation  # noqa: PLC0415
+
+    one_pack, auto = Aggregation(**AGGREGATIONS["one pack"]), Aggregation(**AGGREGATIONS["auto"])
+    assert one_pack.mode == auto.mode == "auto" and one_pack.bucket_bytes == auto.bucket_bytes
+    assert one_pack.pack_bytes > 1 << 40 > auto.pack_bytes
+    assert "one pack" not in DEFAULT_AGGREGATIONS  # opt-in
+    assert set(DEFAULT_AGGREGATIONS) == set(AGGREGATIONS) - {"one pack"}
+    # summable variants run the pack settings asked for, else auto
+    assert summable_settings(["auto", "one pack"]) == ["auto", "one pack"]
+    assert summable_settings(["per-tensor allgather", "one pack"]) == ["one pack"]
+    assert summable_settings(["buckets allgather", "buckets two_stage"]) == ["auto"]
+    assert summable_settings(list(DEFAULT_AGGREGATIONS)) == ["auto"]
+
+
+def test_aggregate_table_phased_rows():
+    sampling = _phase(0.300, 1_000_000, "all-reduce", compress=0.010, calls=40)
+    compressed = _phase(0.100, 20_000, "all-reduce", compress=0.002, decode=0.004)
+    rows = [
+        _row("uncompressed", "auto", 0.240, 1_000_000, path="all-reduce", packs=0),
+        _row("uncompressed", "one pack", 0.240, 1_000_000, path="all-reduce", packs=0)
+        | {"same_as": "auto"},
+        _phased_row("auto", sampling, compressed, packs=3),
+        _phased_row("one pack", sampling, {**compressed, "seconds": 0.150}, packs=1),
+    ]
+    text = format_table(rows)
+    lines = text.splitlines()
+    assert lines[2 + len(rows)] == ""  # the footnote follows the table
+    assert "block average (L_t s + L_c c) / (L_t + L_c)" in lines[-1]
+    assert all(line.count("|") == lines[0].count("|") for line in lines[: 2 + len(rows)])
+    header = [c.strip() for c in lines[0].split("|")[1:-1]]
+    table = [
+        dict(zip(header, [c.strip() for c in line.split("|")[1:-1]], strict=True))
+        for line in lines[2 : 2 + len(rows)]
+    ]
+    assert table[1]["aggregation"] == "one pack (= auto)" and table[1]["block (ms)"] == ""
+    phased = table[2]
+    assert phased["block (ms)"] == "40 x 300.0 + 60 x 100.0"
+    assert phased["time (ms)"] == "180.0"  # (40 * 300 + 60 * 100) / 100
+    assert phased["vs uncompressed"] == "1.33x"  # 240 / 180
+    assert phased["compress (ms)"] == "5.2" and phased["decode (ms)"] == "2.4"
+    assert phased["collectives (ms)"] == "172.4"  # 180 - 5.2 - 2.4
+    assert phased["sent MB"] == "0.41"  # 0.4 * 1 MB + 0.6 * 20 kB
+    assert phased["limit (ms)"] == "49"  # 2 (N-1)/N of 412 kB at 100 Mbit/s
+    assert phased["packs"] == "3" and phased["path"] == "all-reduce"
+    assert table[3]["block (ms)"] == "40 x 300.0 + 60 x 150.0"
+    assert table[3]["time (ms)"] == "210.0"
+    # no phased row, no footnote
+    assert "block average" not in format_table(rows[:2])
+
+
 def test_aggregate_names_are_checked_before_launching():
     assert check_names(None, VARIANTS, "--variants") is None
-    assert set(DEFAULT_VARIANTS) == set(VARIANTS) - {"gradiveq"}  # GradiVeQ only when named
-    assert check_names(["qsgd 4-bit", "gradiveq"], VARIANTS, "--variants") is None
+    # GradiVeQ only when named
+    assert set(DEFAULT_VARIANTS) == set(VARIANTS) - {"gradiveq", "gradiveq paper"}
+    assert check_names(["qsgd 4-bit", "gradiveq", "gradiveq paper"], VARIANTS, "--variants") is None
+    assert check_names(["auto", "one pack"], AGGREGATIONS, "--aggregations") is None
     message = check_names(["auto", "buckets"], AGGREGATIONS, "--aggregations")
     assert "'buckets'" in message and "'auto'," not in message.split(";")[0]
     for name in AGGREGATIONS:
@@ -182,6 +307,7 @@ def test_bench_aggregate_loopback(tmp_path):
         "--aggregations",
         "per-tensor allgather",
         "buckets two_stage",
+        "one pack",
         "--out",
         str(tmp_path),
         "--plot",
@@ -190,11 +316,13 @@ def test_bench_aggregate_loopback(tmp_path):
     assert "  qsgd 4-bit / per-tensor allgather: " in proc.stderr  # worker 0's progress
     rows = json.loads((tmp_path / "aggregate.json").read_text())
     assert [(r["variant"], r["aggregation"]) for r in rows] == [
-        ("uncompressed", "auto"),  # summable: one row
+        ("uncompressed", "one pack"),  # summable: only the pack settings asked for
         ("qsgd 4-bit", "per-tensor allgather"),
         ("qsgd 4-bit", "buckets two_stage"),
+        ("qsgd 4-bit", "one pack"),
     ]
-    plain, gathered, two_stage = rows
+    plain, gathered, two_stage, one_pack = rows
+    assert one_pack["path"] == "allgather" and one_pack["packs"] == 1  # auto at N = 2
     assert plain["bytes_sent"] == plain["bytes_uncompressed"] and plain["path"] == "all-reduce"
     assert gathered["bytes_sent"] < 0.25 * plain["bytes_sent"]  # 4-bit payloads
     assert gathered["path"] == "allgather" and gathered["bytes_all_to_all"] == 0
@@ -205,6 +333,28 @@ def test_bench_aggregate_loopback(tmp_path):
         assert row["compress_seconds"] > 0
     assert (tmp_path / "aggregate.png").stat().st_size > 0
     assert (tmp_path / "aggregate-timeline.png").stat().st_size > 0
+
+
+def test_bench_train_variants(capsys):
+    assert {"gradiveq", "gradiveq paper"} <= set(bench_train.VARIANTS)
+    # opt-in, like the aggregation comparisons: the default run time is unchanged
+    assert not {"gradiveq", "gradiveq paper"} & set(bench_train.DEFAULT_VARIANTS)
+    assert all(", " not in label for label in bench_train.DEFAULT_VARIANTS)
+    # the paper's schedule, as the training script builds it from --option key=value
+    extra = bench_train.VARIANTS["gradiveq paper"]
+    assert extra[:2] == ["--compression", "gradiveq"] and set(extra[2::2]) == {"--option"}
+    options = dict(value.split("=", 1) for value in extra[3::2])
+    from tfcompress.compressors import GradiVeQ, get  # noqa: PLC0415
+
+    compressor = get("gradiveq", **{key: int(value) for key, value in options.items()})
+    paper = GradiVeQ.paper()
+    for key in ("warmup_steps", "sampling_steps", "compressed_steps"):
+        assert getattr(compressor, key) == getattr(paper, key)
+    # an unknown label fails before any training, naming the valid ones
+    args = argparse.Namespace(variants=["gradiveq-paper"])
+    assert bench_train.main(args) == 2
+    err = capsys.readouterr().err
+    assert "--variants: unknown 'gradiveq-paper'" in err and "'gradiveq paper'" in err
 
 
 @pytest.mark.slow

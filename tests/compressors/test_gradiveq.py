@@ -1,4 +1,4 @@
-"""GradiVeQ: slicing, schedule, linearity, energy rule, degenerate samples, checkpoints.
+"""GradiVeQ: slicing, schedule, streaming fit, held-out rank, handshake, EF, checkpoints.
 
 ``Workers`` emulates the phased protocol of the cross-device ops for N
 workers in one process (one bound layer and one schedule per worker, payloads
@@ -119,6 +119,7 @@ def test_padding_round_trips_every_element():
         ({"sampling": "fp8"}, "sampling"),
         ({"refresh_threshold": 0}, "refresh_threshold"),
         ({"packs": 0}, "packs"),
+        ({"error_feedback": 1}, "error_feedback"),
         ({"slice_length": 768, "slice_size": 768}, "slice_size"),
     ],
 )
@@ -128,11 +129,12 @@ def test_rejects_bad_options(options, match):
 
 
 def test_design_aliases_and_config():
-    c = GradiVeQ(slice_size=768, energy=0.95, sample_steps=7, sample_compressor="qsgd")
+    c = GradiVeQ(slice_size=768, energy=0.95, sample_steps=7, sample_compressor="exact")
     config = c.get_config()
     assert config["slice_length"] == 768
     assert config["energy_loss"] == pytest.approx(0.05)
-    assert config["sampling_steps"] == 7 and config["sampling"] == "qsgd"
+    assert config["sampling_steps"] == 7 and config["sampling"] == "exact"
+    assert GradiVeQ().get_config()["sampling"] == "qsgd"  # the paper's hybrid by default
     # every option is in the repr the strategy hashes across workers
     for option in config:
         assert f"{option}=" in repr(c)
@@ -144,8 +146,8 @@ def test_design_aliases_and_config():
 # -- schedule -------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("sampling, want", [("exact", "000001100011"), ("qsgd", "001112211122")])
-def test_schedule_switches_as_configured(sampling, want):
+@pytest.mark.parametrize("sampling", ["exact", "qsgd"])
+def test_schedule_switches_as_configured(sampling):
     c = GradiVeQ(warmup_steps=2, sampling_steps=3, compressed_steps=2, sampling=sampling)
     workers = Workers(c, (16, 64), 2)
     rng = np.random.default_rng(1)
@@ -153,21 +155,35 @@ def test_schedule_switches_as_configured(sampling, want):
     for _ in range(12):
         j, _, _ = workers.step([rng.normal(size=(16, 64)).astype(np.float32) for _ in range(2)])
         got += str(j)
-    assert got == want
-    assert [int(v) for v in workers.layers[0].variables[6:7]] == [2]  # two bases fitted
+    # warm-up and sampling go through branch 0 (exact, or the sampling compressor)
+    assert got == "000001100011"
+    assert int(workers.layers[0].refreshes) == 2  # two bases fitted
 
 
 # -- the algorithm --------------------------------------------------------------------------
 
 
-def fitted_workers(shape=(3, 3, 8, 8), num_workers=3, steps=12, **options):
-    options = {"warmup_steps": 0, "sampling_steps": steps, "compressed_steps": 4, **options}
+def fitted_workers(shape=(3, 3, 8, 8), num_workers=3, steps=12, rank=3, noise=0.01, **options):
+    options = {
+        "warmup_steps": 0,
+        "sampling_steps": steps,
+        "compressed_steps": 4,
+        "sampling": "exact",
+        **options,
+    }
     c = GradiVeQ(**options)
     workers = Workers(c, shape, num_workers)
-    data = low_rank_gradients(np.random.default_rng(2), steps, num_workers, shape)
+    data = low_rank_gradients(
+        np.random.default_rng(2), steps, num_workers, shape, rank=rank, noise=noise
+    )
     for xs in data:
         assert workers.step(xs)[0] == 0
     return workers, data
+
+
+def basis_of(layer) -> np.ndarray:
+    """``U_d`` as ``[K, d]`` float64."""
+    return layer.basis.numpy()[: int(layer.components)].T.astype(np.float64)
 
 
 def test_linearity_sum_of_payloads_is_payload_of_sum():
@@ -175,8 +191,7 @@ def test_linearity_sum_of_payloads_is_payload_of_sum():
     workers, _ = fitted_workers(shape, packs=2)
     layer = workers.layers[0]
     k, s = layer.geometry
-    d = int(layer.components)
-    u = layer.basis.numpy()[:, :d].astype(np.float64)
+    u = basis_of(layer)
     mu = layer.mean.numpy().astype(np.float64)
     xs = [np.random.default_rng(10 + w).normal(size=shape).astype(np.float32) for w in range(3)]
     j, decoded, payloads = workers.step(xs)
@@ -196,10 +211,10 @@ def test_payload_bytes_shrink_with_d():
     workers, _ = fitted_workers((3, 3, 8, 8), num_workers=2, packs=3)
     layer = workers.layers[0]
     d = int(layer.components)
-    assert 3 <= d < 12  # rank 3 + noise, far below K = 192
+    assert d == 3  # rank 3 + noise, far below K = 192
     x = tf.zeros([3, 3, 8, 8])
     payload = layer.branch(1).compress(x)
-    assert int(payload_nbytes(payload)) == 4 * d * 3 + 4
+    assert int(payload_nbytes(payload)) == 4 * d * 3 + 12  # + fingerprint pair and error
     assert sorted(payload.tensors) == [
         "check",
         "coefficients_0",
@@ -219,29 +234,88 @@ def test_full_rank_round_trip_is_exact():
     np.testing.assert_allclose(decoded[0], xs[0] + xs[1], rtol=1e-4, atol=1e-4)
 
 
-def test_energy_rule_and_reconstruction_error_on_samples():
-    shape = (3, 3, 8, 8)
-    workers, data = fitted_workers(shape, num_workers=2, steps=20, energy_loss=0.01)
+def test_streaming_sketch_spans_the_batch_principal_subspace():
+    """Folded buffer by buffer, the sketch equals the PCA of all fitted rows (no truncation)."""
+    shape = (3, 3, 8, 8)  # K = 192, S = 3: a buffer of 6 rows, folded every 2 steps
+    steps = 12  # 10 fit steps (30 rows), held-out, handshake
+    workers, data = fitted_workers(shape, num_workers=2, steps=steps, rank=5, noise=0.3)
     layer = workers.layers[0]
     k, s = layer.geometry
-    samples = np.stack([np.sum(xs, axis=0).reshape(s, k) for xs in data]).reshape(-1, k)
-    centred = samples - samples.mean(axis=0)
-    energy = np.linalg.svd(centred.astype(np.float64), compute_uv=False) ** 2
+    assert layer.buffer_rows == 6 and layer.width == 30
+    rows = np.stack([np.sum(xs, axis=0).reshape(s, k) for xs in data[: steps - 2]]).reshape(-1, k)
+    centred = rows.astype(np.float64) - rows.mean(axis=0)
+    np.testing.assert_allclose(layer.mean.numpy(), rows.mean(axis=0), rtol=1e-4, atol=1e-5)
+    _, sigma, vt = np.linalg.svd(centred, full_matrices=False)
+    np.testing.assert_allclose(layer.singular.numpy(), sigma[:30], rtol=1e-4, atol=1e-6 * sigma[0])
+    # Same top-10 subspace: the projections onto each agree.
+    got = layer.basis.numpy()[:10].astype(np.float64)
+    np.testing.assert_allclose(got.T @ got, vt[:10].T @ vt[:10], atol=1e-4)
+    np.testing.assert_allclose(got @ got.T, np.eye(10), atol=1e-5)  # orthonormal rows
+
+
+@pytest.mark.parametrize("rank", [2, 5, 9])
+def test_heldout_rank_choice_recovers_the_true_rank(rank):
+    """Rank r + noise: components past r only fit the sampled noise and are left out.
+
+    The sketch has 30 directions; the energy rule on the sampled data alone
+    keeps most of them (the noise is spread over all of them).
+    """
+    workers, data = fitted_workers(
+        (3, 3, 8, 8), num_workers=2, steps=12, rank=rank, energy_loss=0.05
+    )
+    layer = workers.layers[0]
+    assert int(layer.components) == rank
+    metrics = {k: float(v) for k, v in layer.metrics().items()}
+    assert metrics["gradiveq_components"] == rank
+    assert metrics["gradiveq_kept_energy"] > 0.99
+    # The held-out error is measured on the held-out step's aggregate, recomputed here.
+    k, s = layer.geometry
+    held = np.sum(data[-2], axis=0).reshape(s, k).astype(np.float64)
+    u, mu = basis_of(layer), layer.mean.numpy().astype(np.float64)
+    reconstructed = (u @ (u.T @ (held - mu).T)).T + mu
+    want = np.linalg.norm(held - reconstructed) / np.linalg.norm(held)
+    assert metrics["gradiveq_heldout_error"] == pytest.approx(want, rel=1e-3)
+
+
+def test_two_sampling_steps_use_the_energy_rule_on_the_sketch():
+    workers, _ = fitted_workers((3, 3, 8, 8), num_workers=2, steps=2, energy_loss=0.01)
+    layer = workers.layers[0]
+    energy = layer.singular.numpy() ** 2
     kept = np.cumsum(energy) / energy.sum()
     d = int(layer.components)
     assert kept[d - 1] >= 0.99 - 1e-6 and (d == 1 or kept[d - 2] < 0.99 + 1e-6)
     assert float(layer.kept_energy) == pytest.approx(kept[d - 1], rel=1e-4)
-    u = layer.basis.numpy()[:, :d].astype(np.float64)
-    mu = layer.mean.numpy()
-    reconstructed = (u @ (u.T @ (samples - mu).T)).T + mu
-    relative = np.linalg.norm(reconstructed - samples) / np.linalg.norm(samples)
-    assert relative <= np.sqrt(0.01), relative
+    assert int(layer.valid) == 1 and float(layer.heldout_error) == 0.0
+
+
+def test_sampling_state_is_at_most_twice_the_gradient():
+    """No buffer of L_t gradients: the buffer is <= 2x the gradient, the rest is the basis."""
+    for shape, sample_slices in [
+        ((3, 3, 16, 16), None),
+        ((64, 10), None),
+        ((1568, 128), None),
+        ((1000,), None),
+        ((3, 3, 16, 16), 1),
+        ((1568, 128), 7),
+    ]:
+        c = GradiVeQ(sampling_steps=100, sample_slices=sample_slices)
+        layer = c.bind(TensorContext(key="t", shape=tf.TensorShape(shape), dtype=tf.float32))
+        gradient = 4 * int(np.prod(shape))
+        assert layer.buffer.numpy().nbytes <= 2 * gradient, shape
+        k, _ = layer.geometry
+        assert layer.basis.shape == (min(64, k, 98 * layer.rows_per_sample), k)
+        big = [
+            v.name
+            for v in layer.variables
+            if v.shape.num_elements() > k and v is not layer.basis and v is not layer.buffer
+        ]
+        assert big == [], big
 
 
 @pytest.mark.parametrize("bad", ["zero", "nan"])
 def test_degenerate_samples_keep_the_layer_exact(bad, capfd):
     shape = (3, 3, 4, 4)
-    c = GradiVeQ(warmup_steps=0, sampling_steps=3, compressed_steps=2)
+    c = GradiVeQ(warmup_steps=0, sampling_steps=3, compressed_steps=2, sampling="exact")
     workers = Workers(c, shape, 2)
     fill = 0.0 if bad == "zero" else np.nan
     for _ in range(3):
@@ -257,7 +331,38 @@ def test_degenerate_samples_keep_the_layer_exact(bad, capfd):
     np.testing.assert_allclose(decoded[0], xs[0] + xs[1], rtol=1e-6, atol=1e-6)
 
 
-def test_different_bases_across_workers_are_caught():
+@pytest.mark.parametrize("sampling", ["exact", "qsgd"])
+def test_workers_that_fit_different_bases_fall_back_to_exact_for_the_block(sampling, capfd):
+    """One worker's samples perturbed: the handshake catches it, the sums stay exact."""
+    shape = (3, 3, 8, 8)
+    c = GradiVeQ(warmup_steps=0, sampling_steps=6, compressed_steps=3, sampling=sampling, seed=1)
+    workers = Workers(c, shape, 2)
+    data = low_rank_gradients(np.random.default_rng(4), 20, 2, shape)
+    for t in range(4):  # fit steps
+        workers.step(data[t])
+        if t == 0:  # worker 1 buffers other samples than worker 0 (not folded yet)
+            buffer = workers.layers[1].buffer
+            buffer.assign(buffer + 1e-3)
+    for t in range(4, 6):  # held-out, handshake
+        assert workers.step(data[t])[0] == 0
+    err = capfd.readouterr().err
+    assert err.count("fitted different bases") == 2  # once per worker (layer)
+    for layer in workers.layers:
+        assert int(layer.valid) == 0 and int(layer.components) == 0
+        assert int(layer.mismatches) == 1
+    for t in range(6, 9):  # the block's compressed steps: raw slices, exact sums
+        j, decoded, payloads = workers.step(data[t])
+        assert j == 1 and payloads[0].tensors["coefficients_0"].shape == (192, 3)
+        np.testing.assert_allclose(decoded[0], np.sum(data[t], axis=0), rtol=1e-6, atol=1e-6)
+    for t in range(9, 15):  # the next block refits, identically this time
+        assert workers.step(data[t])[0] == 0
+    assert "fitted different bases" not in capfd.readouterr().err  # warned once
+    assert all(int(layer.valid) == 1 for layer in workers.layers)
+    np.testing.assert_array_equal(workers.layers[0].basis.numpy(), workers.layers[1].basis.numpy())
+    assert float(workers.layers[0].metrics()["gradiveq_mismatches"]) == 1
+
+
+def test_a_basis_changed_after_the_handshake_is_an_error():
     workers, _ = fitted_workers((3, 3, 8, 8), num_workers=2)
     workers.layers[1].fingerprint.assign(workers.layers[1].fingerprint + 1)
     with pytest.raises(tf.errors.InvalidArgumentError, match="tensor t#0 differs across workers"):
@@ -271,35 +376,77 @@ def test_early_refresh_restarts_sampling():
     rng = np.random.default_rng(3)
     # Dense noise is far from the rank-3 basis: relative error ~1 > 0.5.
     j, _, payloads = workers.step([rng.normal(size=shape).astype(np.float32) for _ in range(2)])
-    assert j == 1 and float(payloads[0].tensors["check"][1]) > 0.5
+    assert j == 1 and float(payloads[0].tensors["check"][2]) > 0.5
+    assert float(workers.layers[0].error) > 0.5
     assert int(schedule.early_refreshes) == 1
     assert int(schedule.branch_index()) == 0 and int(schedule.position()) == 0
 
 
-def test_qsgd_sampling_records_the_aggregate():
+def test_qsgd_sampling_aggregates_and_fits_identically_on_every_worker():
     shape = (3, 3, 8, 8)
-    c = GradiVeQ(warmup_steps=0, sampling_steps=4, compressed_steps=2, sampling="qsgd", seed=3)
+    c = GradiVeQ(warmup_steps=0, sampling_steps=6, compressed_steps=2, seed=3)  # qsgd default
     workers = Workers(c, shape, 2)
-    data = low_rank_gradients(np.random.default_rng(4), 4, 2, shape)
-    for i, xs in enumerate(data):
+    data = low_rank_gradients(np.random.default_rng(4), 8, 2, shape)
+    for xs in data[:6]:
+        j, decoded, payloads = workers.step(xs)
+        assert j == 0 and not workers.layers[0].branch(0).summable
+        assert "gradiveq_check" in payloads[0].tensors
+        np.testing.assert_array_equal(decoded[0], decoded[1])
+        total = np.sum(xs, axis=0)  # 4-bit QSGD: close to the sum, not equal
+        assert 0 < np.linalg.norm(decoded[0] - total) < np.linalg.norm(total)
+    a, b = workers.layers
+    assert int(a.valid) == 1 and int(a.mismatches) == 0
+    for name in ("basis", "mean", "singular", "components", "fingerprint"):
+        np.testing.assert_array_equal(getattr(a, name).numpy(), getattr(b, name).numpy())
+    j, decoded, _ = workers.step(data[6])
+    assert j == 1
+    total = np.sum(data[6], axis=0)
+    assert np.linalg.norm(decoded[0] - total) < 0.5 * np.linalg.norm(total)
+
+
+def test_error_feedback_keeps_what_the_projection_dropped():
+    """sum of decoded sums + the workers' residuals = sum of all gradients (telescoping)."""
+    shape = (3, 3, 8, 8)
+    workers, _ = fitted_workers(shape, num_workers=2, steps=6, error_feedback=True)
+    rng = np.random.default_rng(8)
+    sent, got = np.zeros(shape), np.zeros(shape)
+    for _ in range(4):  # compressed steps
+        xs = [rng.normal(size=shape).astype(np.float32) for _ in range(2)]
         j, decoded, _ = workers.step(xs)
         assert j == 1
-        k, s = workers.layers[0].geometry
-        recorded = workers.layers[0].samples.numpy()[i * s : (i + 1) * s].reshape(-1)
-        np.testing.assert_array_equal(recorded, decoded[0].reshape(-1))
-        total = np.sum(xs, axis=0)  # 4-bit QSGD: close to the sum, not equal
-        assert 0 < np.linalg.norm(decoded[0] - total) < np.linalg.norm(total)  # omega ~ 1.5
-    assert int(workers.layers[0].valid) == 1
-    np.testing.assert_array_equal(workers.layers[0].basis.numpy(), workers.layers[1].basis.numpy())
+        sent += np.sum(xs, axis=0)
+        got += decoded[0]
+    residuals = sum(
+        layer.residual.numpy()[: np.prod(shape)].reshape(shape) for layer in workers.layers
+    )
+    assert np.linalg.norm(residuals) > 0.5 * np.linalg.norm(sent)  # dense noise: mostly dropped
+    np.testing.assert_allclose(got + residuals, sent, rtol=1e-4, atol=1e-4)
+    # The next sampling step sends gradient + residual, and empties the residual.
+    xs = [np.zeros(shape, np.float32)] * 2
+    j, decoded, _ = workers.step(xs)
+    assert j == 0
+    np.testing.assert_allclose(decoded[0], residuals, rtol=1e-4, atol=1e-4)
+    assert not np.any([layer.residual.numpy() for layer in workers.layers])
 
 
 def test_metrics():
     workers, _ = fitted_workers((3, 3, 8, 8), num_workers=2)
     metrics = workers.layers[0].metrics()
-    assert set(metrics) == {"gradiveq_kept_energy", "gradiveq_refreshes", "gradiveq_components"}
+    assert set(metrics) == {
+        "gradiveq_components",
+        "gradiveq_kept_energy",
+        "gradiveq_heldout_error",
+        "gradiveq_error",
+        "gradiveq_refreshes",
+        "gradiveq_mismatches",
+    }
     assert float(metrics["gradiveq_refreshes"]) == 1
     assert float(metrics["gradiveq_kept_energy"]) >= 0.99
     assert float(metrics["gradiveq_components"]) == int(workers.layers[0].components)
+    assert float(metrics["gradiveq_heldout_error"]) < 0.05
+    # A fresh step of the same directions (the generator's first 12 steps were the samples).
+    workers.step(low_rank_gradients(np.random.default_rng(2), 13, 2, (3, 3, 8, 8))[12])
+    assert 0 < float(workers.layers[0].metrics()["gradiveq_error"]) < 0.05
 
 
 def test_graph_step_matches_eager():
@@ -322,20 +469,50 @@ def test_graph_step_matches_eager():
     np.testing.assert_allclose(graph.numpy(), eager.numpy(), rtol=1e-6, atol=1e-6)
 
 
+def test_graph_sampling_block_matches_eager():
+    """A whole block traced (folds, held-out choice, handshake in conds) fits what eager fits."""
+    shape = (3, 3, 8, 8)
+    eager, data = fitted_workers(shape, num_workers=1, steps=6)
+    options = {"warmup_steps": 0, "sampling_steps": 6, "compressed_steps": 4, "sampling": "exact"}
+    layer = GradiVeQ(**options).bind(
+        TensorContext(key="t#0", replica=0, num_replicas=1, shape=tf.TensorShape(shape))
+    )
+    schedule = layer.config.schedule(0, 1, None)
+
+    @tf.function
+    def step(x):
+        view = layer.branch(0)
+        out = view.decompress(view.compress(x))
+        with tf.control_dependencies([out]):
+            schedule.advance(tf.constant(0))
+        return out
+
+    for xs in data:
+        step(tf.constant(xs[0]))
+    for name in ("basis", "mean", "singular", "components", "valid", "fingerprint"):
+        np.testing.assert_allclose(
+            getattr(layer, name).numpy(),
+            getattr(eager.layers[0], name).numpy(),
+            rtol=1e-5,
+            atol=1e-6,
+            err_msg=name,
+        )
+
+
 def test_checkpoint_mid_schedule_reproduces_next_payloads(tmp_path):
     shape = (3, 3, 8, 8)
     options = {"warmup_steps": 1, "sampling_steps": 5, "compressed_steps": 3, "sampling": "qsgd"}
     data = low_rank_gradients(np.random.default_rng(7), 12, 2, shape)
-    first = Workers(GradiVeQ(**options), shape, 2)
+    first = Workers(GradiVeQ(**options, error_feedback=True), shape, 2)
     for xs in data[:7]:  # warm-up, the sampling block, one compressed step
         first.step(xs)
     path = tf.train.Checkpoint(state=first.variables()).save(str(tmp_path / "ckpt"))
     want = [first.step(xs) for xs in data[7:]]
 
-    second = Workers(GradiVeQ(**options), shape, 2)
+    second = Workers(GradiVeQ(**options, error_feedback=True), shape, 2)
     tf.train.Checkpoint(state=second.variables()).restore(path).assert_consumed()
     got = [second.step(xs) for xs in data[7:]]
-    assert [g[0] for g in got] == [w[0] for w in want] == [2, 2, 1, 1, 1]
+    assert [g[0] for g in got] == [w[0] for w in want] == [1, 1, 0, 0, 0]
     for (_, dg, pg), (_, dw, pw) in zip(got, want, strict=True):
         for a, b in zip(pg, pw, strict=True):
             assert sorted(a.tensors) == sorted(b.tensors)
@@ -348,27 +525,32 @@ def test_checkpoint_mid_schedule_reproduces_next_payloads(tmp_path):
 
 
 class TestGradiVeQConformance(CompressorConformance):
-    """Unbound, GradiVeQ is its exact branch; bound, every branch of its schedule.
+    """Unbound, GradiVeQ is exact; bound, each branch (exact sampling, compressed).
 
     A fresh layer has no basis yet (``valid = 0``), so its compressed branch
     sends the raw slices: exact, with the coefficient payload's layout.
     """
 
     round_trip_rtol = {"float16": 0.0, "bfloat16": 0.0, "float32": 0.0, "float64": 0.0}
-    num_branches = 2  # exact, compressed
+    num_branches = 2  # warm-up and sampling, compressed
 
     def make(self):
-        return GradiVeQ(warmup_steps=0, sampling_steps=2, compressed_steps=2)
+        return GradiVeQ(warmup_steps=0, sampling_steps=2, compressed_steps=2, sampling="exact")
 
     def expected_payload_nbytes(self, shape, dtype):
         return int(np.prod(shape)) * dtype.size
 
     def expected_branch_payload_nbytes(self, shape, dtype, branch):
-        if branch < self.num_branches - 1:
-            return super().expected_branch_payload_nbytes(shape, dtype, branch)
+        if branch == 0:
+            return self.expected_payload_nbytes(shape, dtype) + 8  # + the fingerprint pair
         k, s, _, _ = slice_geometry(shape)
         itemsize = 8 if dtype == tf.float64 else 4
-        return k * s * itemsize + 4  # the raw slices [K, S], and the fingerprint
+        return k * s * itemsize + 12  # the raw slices [K, S], fingerprints and error
+
+    def expected_variant_payload_nbytes(self, shape, dtype, variant):
+        if not variant.bound:  # outside the phases: the exact values alone
+            return self.expected_payload_nbytes(shape, dtype)
+        return self.expected_branch_payload_nbytes(shape, dtype, variant.branch)
 
     def usable(self, variant, shape, dtype):
         # Bound, the layer slices the tensor: it needs a static, non-empty shape.
@@ -380,18 +562,16 @@ class TestGradiVeQConformance(CompressorConformance):
 
 
 class TestGradiVeQSampledByQSGDConformance(TestGradiVeQConformance):
-    """With a sampling compressor: exact, QSGD sampling and compressed branches."""
-
-    num_branches = 3
+    """The default: warm-up and sampling through 4-bit QSGD, then compressed."""
 
     def make(self):
-        return GradiVeQ(warmup_steps=0, sampling_steps=2, compressed_steps=2, sampling="qsgd")
+        return GradiVeQ(warmup_steps=0, sampling_steps=2, compressed_steps=2)
 
     def expected_branch_payload_nbytes(self, shape, dtype, branch):
-        if branch != 1:
+        if branch != 0:
             return super().expected_branch_payload_nbytes(shape, dtype, branch)
         n = int(np.prod(shape))  # 4-bit QSGD, buckets of 512: 5 bits per element
-        return 4 * -(-n // 512) + (n * 5 + 7) // 8
+        return 4 * -(-n // 512) + (n * 5 + 7) // 8 + 8
 
     def tolerance(self, dtype, variant):
-        return None if variant.branch == 1 else super().tolerance(dtype, variant)
+        return None if variant.bound and variant.branch == 0 else super().tolerance(dtype, variant)

@@ -39,8 +39,11 @@ def replica_gradient(step: tf.Tensor, replica: tf.Tensor) -> tf.Tensor:
     return tf.reshape(rows @ directions, SHAPE)
 
 
-def test_schedule_switches_in_one_traced_function():
-    compressor = GradiVeQ(warmup_steps=1, sampling_steps=3, compressed_steps=2, packs=2)
+@pytest.mark.parametrize("sampling", ["exact", "qsgd"])
+def test_schedule_switches_in_one_traced_function(sampling):
+    compressor = GradiVeQ(
+        warmup_steps=1, sampling_steps=4, compressed_steps=2, packs=2, sampling=sampling, seed=1
+    )
     strategy = make(compressor, min_size=4)
     traces = []
 
@@ -54,34 +57,43 @@ def test_schedule_switches_in_one_traced_function():
         )
         return reduce_on_devices(strategy, "sum", pr)
 
-    sent = []
-    for t in range(9):
+    sent, ds = [], []
+    for t in range(11):
         tfcompress.distribute.reset_traffic_stats(strategy)
         results = local(step(tf.constant(t)))
         sent.append(tfcompress.distribute.traffic_stats(strategy)["bytes_sent"])
+        ops = strategy.extended._cross_device_ops  # test introspection
+        layers = [ops.bound_compressors[key] for key in sorted(ops.bound_compressors)]
+        ds.append(int(layers[0].components))
         want = (replica_gradient(t, 0) + replica_gradient(t, 1)).numpy()
-        # exact steps are exact; compressed ones reconstruct the rank-2 data
-        tol = 0 if t in (0, 1, 2, 3, 6, 7, 8) else 1e-4
         for got in results:
-            np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+            np.testing.assert_array_equal(got, results[0])
+            if sampling == "exact":
+                # exact steps are exact; compressed ones reconstruct the rank-2 data
+                tol = 1e-4 if t in (5, 6) else 0
+                np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
     assert len(traces) == 1
-    # phases: warm-up 0 | sampling 1-3 | compressed 4-5 | sampling 6-8
-    ops = strategy.extended._cross_device_ops  # test introspection
-    layers = [ops.bound_compressors[key] for key in sorted(ops.bound_compressors)]
+    # phases: warm-up 0 | sampling 1-4 (fit 1-2, held-out 3, handshake 4) | compressed 5-6
+    # | sampling 7-10
     assert len(layers) == 2
-    d = int(layers[0].components)
-    assert 1 <= d <= 6  # rank 2 + centring: at most 3 directions carry energy
-    exact = 2 * SIZE * 4  # two replicas' float32 tensors
-    assert sent[0] == sent[1] == sent[6] == exact
-    assert sent[4] == sent[5] == 2 * (4 * d * 3 + 4)  # coefficients + fingerprint
+    d = ds[5]
+    assert int(layers[0].valid) == 1 and int(layers[0].mismatches) == 0
+    if sampling == "exact":
+        assert 1 <= d <= 2  # rank 2 (with the mean): no direction beyond the data's
+        first = SIZE * 4  # float32 values
+    else:
+        assert 1 <= d <= 5  # noisy 4-bit samples; at most the 2 fit steps' 6 rows
+        first = 4 * -(-SIZE // 512) + (SIZE * 5 + 7) // 8  # QSGD 4 bits, buckets of 512
+    assert sent[0] == sent[1] == sent[7] == 2 * (first + 8)  # + the fingerprint pair
+    assert sent[5] == sent[6] == 2 * (4 * d * 3 + 12)  # coefficients, fingerprints, error
     np.testing.assert_array_equal(layers[0].basis.numpy(), layers[1].basis.numpy())
     schedule = ops.schedule_of(0)
-    assert int(schedule.step) == 9 and int(layers[0].refreshes) == 2  # fits at steps 3 and 8
+    assert int(schedule.step) == 11 and int(layers[0].refreshes) == 2  # d chosen at 3 and 9
 
 
 def test_keras_fit_in_process_switches_and_trains():
     """model.fit on 2 in-process replicas with the phases of a short schedule."""
-    compressor = GradiVeQ(warmup_steps=2, sampling_steps=3, compressed_steps=3)
+    compressor = GradiVeQ(warmup_steps=2, sampling_steps=4, compressed_steps=3, sampling="exact")
     strategy = make(compressor, min_size=256)
     tf.keras.utils.set_random_seed(training_seed())
     rng = np.random.default_rng(0)
@@ -106,13 +118,14 @@ def test_keras_fit_in_process_switches_and_trains():
     schedule = ops.schedule_of(0)
     assert int(schedule.step) == 16
     layers = [ops.bound_compressors[key] for key in sorted(ops.bound_compressors)]
-    assert all(int(layer.refreshes) == 2 for layer in layers)  # blocks end at steps 4 and 10
+    # d is chosen on the held-out steps 4 and 11 (blocks of 4 + 3 after 2 warm-up steps)
+    assert all(int(layer.refreshes) == 2 for layer in layers)
     for a, b in zip(layers[::2], layers[1::2], strict=True):
         np.testing.assert_array_equal(a.basis.numpy(), b.basis.numpy())
     metrics = tfcompress.distribute.compression_metrics(strategy)
     assert metrics["gradiveq_refreshes"] == 2
-    assert 0.99 <= metrics["gradiveq_kept_energy"] <= 1.0
-    assert 1 <= metrics["gradiveq_components"] <= 3 * 3  # d_cap = L_t * S = 3 * 3 (conv 2)
+    assert 0.0 < metrics["gradiveq_kept_energy"] <= 1.0
+    assert 1 <= metrics["gradiveq_components"] <= 2 * 3  # at most F * S = 2 * 3 (conv 2)
     assert np.isfinite(history.history["loss"]).all()
     loss = history.history["loss"]
     # 0.93 to 0.97 over seeds 1-8 (the oneDNN instruction set changed nothing here)
@@ -128,8 +141,9 @@ def load(out: pathlib.Path, worker: int) -> dict:
 
 
 @pytest.mark.slow
-def test_two_workers_bit_identical_bases_and_schedule(tmp_path):
-    """U identical byte for byte on both workers after each refresh; phases as configured."""
+def test_two_workers_bit_identical_bases_schedule_and_mismatch_fallback(tmp_path):
+    """4-bit QSGD sampling keeps U identical byte for byte on both workers; a block whose
+    samples differ on one worker falls back to exact sums, and the next one refits."""
     run_workers(
         "gradiveq_worker.py",
         ["--mode", "bases", "--out", str(tmp_path)],
@@ -138,18 +152,32 @@ def test_two_workers_bit_identical_bases_and_schedule(tmp_path):
     w0, w1 = load(tmp_path, 0), load(tmp_path, 1)
     phases = json.loads(str(w0["phases"]))
     assert phases == json.loads(str(w1["phases"]))
-    # warm-up 2, then blocks of 3 sampling + 4 compressed steps, 16 steps
-    assert phases == [0, 0, 1, 1, 1, 2, 2, 2, 2, 1, 1, 1, 2, 2, 2, 2]
-    refreshes = [k for k in w0 if k.startswith("basis_")]
-    assert len(refreshes) >= 4  # 2 refreshes x at least 2 compressed tensors
-    for key in refreshes:
-        assert w0[key].tobytes() == w1[key].tobytes(), key
-        assert np.abs(w0[key]).sum() > 0
+    # warm-up 2, then blocks of 4 sampling + 4 compressed steps, 26 steps
+    block = [0, 0, 0, 0, 1, 1, 1, 1]
+    assert phases == [0, 0, *block, *block, *block]
+    # Both workers saw the perturbed block: one mismatch per compressed tensor.
+    assert len(w0["mismatches"]) >= 2
+    assert list(w0["mismatches"]) == list(w1["mismatches"]) == [1] * len(w0["mismatches"])
+    # Bases of the first and third blocks are identical; worker 1's second one is not.
+    for refresh in (1, 3):
+        keys = [k for k in w0 if k.startswith(f"basis_{refresh}_")]
+        assert len(keys) >= 2
+        for key in keys:
+            assert w0[key].tobytes() == w1[key].tobytes(), key
+            assert np.abs(w0[key]).sum() > 0
+    second = [k for k in w0 if k.startswith("basis_2_")]
+    assert any(w0[k].tobytes() != w1[k].tobytes() for k in second)
+    # The fallback block sends raw slices (exact sums), so more bytes than coefficients.
+    sent = w0["bytes_sent"]
+    assert min(sent[14:18]) > max(sent[6:10]) and min(sent[14:18]) > max(sent[22:26])
+    # Every sum was right on both workers: the weights are identical.
     np.testing.assert_array_equal(w0["weights"], w1["weights"])
 
 
 @pytest.mark.slow
 def test_two_workers_fashion_mnist_accuracy_close_to_uncompressed(tmp_path):
+    """Warm-up 50, blocks of 20 sampling + 80 compressed steps, 300 steps (the issue's
+    schedule): within 1.5 points of uncompressed with >= 3.3x fewer bytes sent."""
     results = {}
     for compression in ("none", "gradiveq"):
         out = tmp_path / compression
@@ -161,9 +189,11 @@ def test_two_workers_fashion_mnist_accuracy_close_to_uncompressed(tmp_path):
         )
         results[compression] = json.loads(str(load(out, 0)["summary"]))
     base, ours = results["none"]["accuracy"], results["gradiveq"]["accuracy"]
-    print(f"test accuracy: uncompressed {base:.4f}, GradiVeQ {ours:.4f}; {results}")
+    ratio = results["none"]["bytes_sent"] / results["gradiveq"]["bytes_sent"]
+    print(f"test accuracy: uncompressed {base:.4f}, GradiVeQ {ours:.4f}; {ratio:.2f}x; {results}")
     assert results["gradiveq"]["compressed_steps"] > 0
-    assert ours >= base - 0.01, results
+    assert ours >= base - 0.015, results
+    assert ratio >= 3.3, results
 
 
 @pytest.mark.slow

@@ -5,16 +5,20 @@ Usage: gradiveq_worker.py --mode {bases,fit,mismatch} [--compression {none,gradi
 ``mismatch``: worker 0 asks for ``energy_loss=0.01``, worker 1 for 0.05:
 creating the strategy must raise on both (exit code 3).
 
-``bases``: 16 steps of a small CNN on random data with
-``GradiVeQ(warmup_steps=2, sampling_steps=3, compressed_steps=4)``; writes
-DIR/worker<i>.npz with the phase of every step (read from the schedule), the
-bytes sent per step, the final weights, and a copy of every compressed
-tensor's basis U taken right after each refresh (``basis_<refresh>_<tensor>``).
+``bases``: 26 steps of a small CNN on random data with
+``GradiVeQ(warmup_steps=2, sampling_steps=4, compressed_steps=4)`` (4-bit QSGD
+sampling, the default); after step 10 (the first fit step of the second
+block) worker 1 perturbs its buffered samples, so the second block's bases
+differ and must fall back to exact aggregation. Writes DIR/worker<i>.npz with
+the phase of every step (read from the schedule), the bytes sent per step,
+the final weights, each compressed tensor's mismatch count, and a copy of
+every basis U taken right after each refresh (``basis_<refresh>_<tensor>``).
 
 ``fit``: a small CNN on 38,400 Fashion-MNIST training images (300 steps of 64
-images per worker), with or without GradiVeQ (the default schedule:
-warm-up 100, blocks of 40 sampling + 60 compressed steps; K = 512); writes ``summary`` (test accuracy on 2,000
-test images, loss, compressed steps, bytes sent).
+images per worker), with or without GradiVeQ (``--schedule``: warm-up,
+sampling and compressed steps, default 50,20,80; K = 512); writes
+``summary`` (test accuracy on 2,000 test images, loss, compressed steps,
+bytes sent).
 """
 
 import argparse
@@ -26,6 +30,8 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--mode", choices=["bases", "fit", "mismatch"], required=True)
 parser.add_argument("--compression", choices=["none", "gradiveq"], default="gradiveq")
 parser.add_argument("--out", required=True)
+parser.add_argument("--schedule", default="50,20,80", help="fit: warm-up,sampling,compressed")
+parser.add_argument("--option", action="append", default=[], help="fit: GradiVeQ key=value")
 args = parser.parse_args()
 
 os.environ["TF_USE_LEGACY_KERAS"] = "1"
@@ -52,17 +58,23 @@ if args.mode == "mismatch":
     raise SystemExit(0)
 
 if args.mode == "bases":
-    compressor = GradiVeQ(
-        warmup_steps=2, sampling_steps=3, compressed_steps=4, sampling="qsgd", packs=2
-    )
-    batch, steps = 16, 16
+    compressor = GradiVeQ(warmup_steps=2, sampling_steps=4, compressed_steps=4, packs=2)
+    batch, steps = 16, 26
     rng = np.random.default_rng(0)
     x = rng.normal(size=(batch * 2 * steps, 12, 12, 1)).astype("float32")
     y = rng.integers(0, 4, size=(len(x),)).astype("int32")
     x_test = y_test = None
 else:
+    warmup, sampling, compressed = (int(v) for v in args.schedule.split(","))
+    options = {k: json.loads(v) for k, v in (o.split("=", 1) for o in args.option)}
     compressor = (
-        GradiVeQ(slice_length=512)  # warm-up 100, blocks of 40 + 60
+        GradiVeQ(
+            slice_length=512,
+            warmup_steps=warmup,
+            sampling_steps=sampling,
+            compressed_steps=compressed,
+            **options,
+        )
         if args.compression == "gradiveq"
         else None
     )
@@ -130,6 +142,8 @@ class Recorder(keras.callbacks.Callback):
             if count != self.refreshes.get(key, 0):
                 self.refreshes[key] = count
                 self.bases[f"basis_{count}_{i}"] = layer.basis.numpy().copy()
+            if args.mode == "bases" and task == 1 and batch == 10:
+                layer.buffer.assign(layer.buffer + 1e-3)  # worker 1 samples otherwise
 
 
 recorder = Recorder()
@@ -156,6 +170,11 @@ np.savez(
     weights=weights,
     phases=json.dumps(phases),
     bytes_sent=np.asarray(recorder.bytes_sent),
+    mismatches=np.asarray(
+        [int(ops.bound_compressors[k].mismatches) for k in sorted(ops.bound_compressors)]
+        if compressor is not None
+        else []
+    ),
     **recorder.bases,
     **extra,
 )

@@ -16,28 +16,39 @@ variant (compressor, ``--variants``) under an aggregation setting
 * ``buckets two_stage``: ``Aggregation("two_stage")``: default buckets and
   packs, all-to-all of shards then all-gather of the re-compressed shard sums;
 * ``auto``: ``Aggregation()``: ``two_stage`` from 3 workers on for the
-  compressors that support it, else ``allgather``.
+  compressors that support it, else ``allgather``;
+* ``one pack``: ``Aggregation(pack_bytes=<all>)``: ``auto`` with every payload
+  in one pack. Opt-in (not in ``DEFAULT_AGGREGATIONS``): next to ``auto``
+  (4 MiB packs: the compression of pack ``p + 1`` overlaps the collectives of
+  pack ``p``) it shows what the pipelining of packs is worth.
 
 Summable variants (uncompressed, fp16, gradiveq) are all-reduced whatever the
-mode, so they get one row, ``auto`` (fp16 gets the default buckets with it),
-whatever ``--aggregations`` says. A setting that comes down to the same path,
-bucket and pack sizes as a setting already measured for the variant (``auto``
-always equals one of the two ``buckets`` settings; DIANA has no two-stage path,
-so its ``buckets two_stage`` is ``buckets allgather``) is not measured again:
-its row repeats that row's numbers and its aggregation cell says ``(= ...)``.
+mode, so of the ``--aggregations`` they only get ``auto`` and ``one pack``
+(fp16 and GradiVeQ get the default buckets with both), and ``auto`` alone when
+neither is asked for. A setting that comes down to the same path, bucket and
+pack sizes as a setting already measured for the variant (``auto`` always
+equals one of the two ``buckets`` settings; DIANA has no two-stage path, so
+its ``buckets two_stage`` is ``buckets allgather``; uncompressed tensors are
+not packed, so its ``one pack`` is ``auto``) is not measured again: its row
+repeats that row's numbers and its aggregation cell says ``(= ...)``.
 
 Each worker aggregates random tensors of the model's gradient shapes through
 ``tfcompress.distribute.MultiWorkerMirroredStrategy`` inside a
 ``tf.function``; the figures are per call: the median over ``--repeats``
 calls after a warm-up call, as seen by worker 0 (which also prints one
-progress line per row to stderr). Columns:
+progress line per row to stderr); phased compressors (GradiVeQ) are timed
+per block instead, see below. Columns:
 
 * **path**: how the compressed payloads travelled, read from the byte
   counters: ``all-reduce`` (summable), ``allgather`` or ``two_stage``;
 * **packs**: packs of the last call (``aggregation_timeline``; 0 when
   nothing is compressed);
-* **time (ms)**: median wall time of one call; **vs uncompressed**: the
-  uncompressed row's time over this one (same model, workers and link);
+* **time (ms)**: median wall time of one call (phased rows: the block
+  average, below); **vs uncompressed**: the uncompressed row's time over
+  this one (same model, workers and link);
+* **block (ms)**: phased rows only, ``L_t x s + L_c x c``: the steps of a
+  block and the mean wall time of one call per phase (``s`` sampling, ``c``
+  compressed);
 * **compress / decode (ms)**: ``traffic_stats``' ``compress_seconds`` and
   ``decompress_seconds`` per call. They are summed over packs, and packs
   overlap (pack ``p + 1`` compresses while pack ``p`` is on the wire), so
@@ -68,18 +79,41 @@ and decode stacked per row and cell) and ``aggregate-timeline.png`` (the row
 with the most packs: one bar per pack, its compress, collectives and decode
 spans).
 
-GradiVeQ runs only when named (``--variants gradiveq``): it is phased and
-costly to bring into its compressed phase. It runs with no exact warm-up, 16 QSGD sampling calls on
-fresh random gradients (the basis is fitted at the last one) and one
-compressed warm-up call before the timed, compressed calls. Random gradients
-have a flat spectrum, so the basis keeps nearly all of the ``min(K, 16 S)``
-components it can have (``S`` slices of ``K`` elements per tensor): its bytes
-follow from the sampling length, not from a model (on real ResNet-20
-gradients ``d`` was 29-76 after 40 sampling steps, docs/BENCHMARKS.md
-section 5), and ResNet-18's 512x1000 dense kernel (``K = 1000``) is barely
-compressed. Its samples and basis take about 32 times the gradient's memory
-per worker and fitting them more: ResNet-20 is fine, ResNet-18's shapes
-(47 MB of gradient) took over 11 GB on worker 0 and were killed for memory.
+Phased compressors run only when named: ``gradiveq`` (the library's
+defaults: blocks of ``L_t = 40`` sampling and ``L_c = 60`` compressed steps,
+its default sampling) and ``gradiveq paper`` (``GradiVeQ.paper()``:
+``L_t = 100``, ``L_c = 400``). A block's sampling calls aggregate the
+gradient by the sampling path and record it, and the last one fits the
+bases, so bringing them to their compressed phase is slow, on big models
+and slow links most of all. Neither warms up beyond one exact step
+(``warmup_steps=1``): the untimed first call, the trace, so that the timed
+calls start with the first block. Timed then, each call on fresh random
+gradients drawn outside the timing: every call of that block's sampling
+phase (``L_t`` calls, the basis fit included) and the first
+``max(--repeats, 5)`` compressed calls. What a training run pays per step
+is the block average::
+
+    time = (L_t * s + L_c * c) / (L_t + L_c)
+
+with ``s`` and ``c`` the *mean* time of a call of each phase: that is the
+row's **time**, hence its **vs uncompressed**. Its per-call counters
+(compress, decode, bytes, hence collectives, sent MB and limit) are the
+block averages of the phases' per-call means likewise; **path** names both
+phases' paths when they differ (``allgather / all-reduce`` with QSGD
+sampling); **packs** and the timeline are the last compressed call's. A
+footnote under the table says so. ``aggregate.json`` also holds,
+per phased row, ``block`` (``[L_t, L_c]``) and ``phases``: per phase the
+timed ``calls``, their mean ``seconds``, ``all_seconds``, per-call counters
+and ``path`` (``all_seconds`` of the row: both phases' calls in order).
+Random gradients have a flat spectrum, so the bases keep nearly all the
+components they can and the compressed bytes are no guide to those of real
+gradients (docs/BENCHMARKS.md, section 5). What the pipelining of packs is
+worth to GradiVeQ::
+
+    tfcompress bench aggregate --models resnet18 --workers 2 --bandwidth none \\
+        --variants uncompressed gradiveq --aggregations auto "one pack"
+
+(ResNet-18's 47 MB of gradient make 7 packs of 4 MiB; ResNet-20's 1.1 MB one.)
 
 The full matrix (a rate limit needs root; the cells are the product of
 ``--models``, ``--workers`` and ``--bandwidth``, so 8 workers on ResNet-20
@@ -106,12 +140,17 @@ from typing import NamedTuple
 
 __all__ = [
     "AGGREGATIONS",
+    "DEFAULT_AGGREGATIONS",
     "DEFAULT_VARIANTS",
     "VARIANTS",
+    "PhasePlan",
     "Variant",
+    "block_average",
     "check_names",
     "format_table",
     "main",
+    "phase_plan",
+    "summable_settings",
     "wire_limit_seconds",
     "worker_main",
 ]
@@ -124,18 +163,16 @@ class Variant(NamedTuple):
       name: registry name, or ``None`` for uncompressed.
       options: constructor options.
       wrapper: registry name of a wrapper (``error_feedback``, ``diana``) or ``None``.
-      warmup: untimed calls before the timed ones (phased compressors need more),
-        on fresh random gradients after the first.
+      preset: a classmethod of the ``tfcompress.compressors`` class, dotted
+        (``"GradiVeQ.paper"``), that builds the compressor from ``options``
+        instead of the registry; ``None``: ``compressors.get(name, **options)``.
     """
 
     name: str | None
     options: dict
     wrapper: str | None = None
-    warmup: int = 1
+    preset: str | None = None
 
-
-#: Sampling calls of the GradiVeQ variant (see the module docstring).
-GRADIVEQ_SAMPLING_STEPS = 16
 
 VARIANTS: dict[str, Variant] = {
     "uncompressed": Variant(None, {}),
@@ -144,20 +181,21 @@ VARIANTS: dict[str, Variant] = {
     "topk 1% + EF": Variant("topk", {"ratio": 0.01}, "error_feedback"),
     "diana(qsgd 4-bit)": Variant("qsgd", {"bits": 4, "seed": 1}, "diana"),
     "deepreduce": Variant("deepreduce", {"index_codec": "bloom", "value_codec": "qsgd"}),
-    "gradiveq": Variant(
-        "gradiveq",
-        {
-            "warmup_steps": 0,
-            "sampling_steps": GRADIVEQ_SAMPLING_STEPS,
-            "compressed_steps": 1_000_000,
-            "sampling": "qsgd",
-        },
-        warmup=GRADIVEQ_SAMPLING_STEPS + 1,
-    ),
+    # Phased: the one exact warm-up step is the untimed trace call (module docstring).
+    "gradiveq": Variant("gradiveq", {"warmup_steps": 1}),
+    "gradiveq paper": Variant("gradiveq", {"warmup_steps": 1}, preset="GradiVeQ.paper"),
 }
 
+#: Opt-in variants: phased, slow to bring to their compressed phase (module docstring).
+_OPT_IN_VARIANTS = ("gradiveq", "gradiveq paper")
+
 #: The variants run when ``--variants`` is not given: all but GradiVeQ (module docstring).
-DEFAULT_VARIANTS: tuple[str, ...] = tuple(label for label in VARIANTS if label != "gradiveq")
+DEFAULT_VARIANTS: tuple[str, ...] = tuple(
+    label for label in VARIANTS if label not in _OPT_IN_VARIANTS
+)
+
+#: Compressed calls timed per phased row at least (more with a larger ``--repeats``).
+MIN_COMPRESSED_CALLS = 5
 
 #: A pack threshold no gradient list reaches: everything in one pack.
 _ONE_PACK = 1 << 62
@@ -168,9 +206,18 @@ AGGREGATIONS: dict[str, dict] = {
     "buckets allgather": {"mode": "allgather"},
     "buckets two_stage": {"mode": "two_stage"},
     "auto": {"mode": "auto"},
+    "one pack": {"mode": "auto", "pack_bytes": _ONE_PACK},
 }
 
-#: The setting of summable variants (the mode does not change them).
+#: The settings run when ``--aggregations`` is not given: all but ``one pack``.
+DEFAULT_AGGREGATIONS: tuple[str, ...] = tuple(
+    label for label in AGGREGATIONS if label != "one pack"
+)
+
+#: The settings that can change a summable variant (the mode does not: only the packs).
+SUMMABLE_SETTINGS: tuple[str, ...] = ("auto", "one pack")
+
+#: The setting of summable variants when ``--aggregations`` names none of ``SUMMABLE_SETTINGS``.
 SUMMABLE_SETTING = "auto"
 
 # Worker 0's progress lines start with this; the parent echoes only those.
@@ -188,8 +235,113 @@ def _make(label: str):
         wrapper and wrapper not in compressors.available()
     ):
         return "unavailable"
-    inner = compressors.get(variant.name, **variant.options)
+    if variant.preset is None:
+        inner = compressors.get(variant.name, **variant.options)
+    else:
+        inner = _from_preset(variant)
     return compressors.get(wrapper, inner=inner) if wrapper else inner
+
+
+def _from_preset(variant: Variant):
+    """The compressor of ``variant.preset`` (e.g. ``GradiVeQ.paper``) with ``variant.options``."""
+    from tfcompress import compressors  # noqa: PLC0415
+
+    preset = compressors
+    for attribute in variant.preset.split("."):
+        preset = getattr(preset, attribute)
+    try:
+        return preset(**variant.options)
+    except TypeError:
+        # A preset that fixes the schedule and takes no override of it: its
+        # schedule, read off a default instance, with the variant's options on top.
+        base = preset()
+        schedule = {
+            key: getattr(base, key)
+            for key in ("warmup_steps", "sampling_steps", "compressed_steps")
+            if hasattr(base, key)
+        }
+        return compressors.get(variant.name, **{**schedule, **variant.options})
+
+
+class PhasePlan(NamedTuple):
+    """The calls of a phased compressor's row (module docstring).
+
+    Attributes:
+      untimed: calls before the timed ones: the exact warm-up steps, the first
+        of which is the trace.
+      sampling: timed sampling calls, ``L_t``: one whole sampling phase.
+      compressed: timed compressed calls, ``max(repeats, 5)`` but at most ``L_c``.
+      sampling_steps: ``L_t``, the weight of a sampling call in the block.
+      compressed_steps: ``L_c``, the weight of a compressed call in the block.
+    """
+
+    untimed: int
+    sampling: int
+    compressed: int
+    sampling_steps: int
+    compressed_steps: int
+
+
+def phase_plan(compressor, repeats: int) -> PhasePlan | None:
+    """The calls to run and time for a phased ``compressor``; ``None`` when it has no phases.
+
+    Phased: it has ``sampling_steps`` and ``compressed_steps`` (GradiVeQ).
+
+    Raises:
+      ValueError: a phased compressor without an exact warm-up step
+        (``warmup_steps < 1``): the untimed trace call would be a sampling
+        step, and the timed sampling phase one call short.
+    """
+    sampling = getattr(compressor, "sampling_steps", None)
+    compressed = getattr(compressor, "compressed_steps", None)
+    if compressor is None or sampling is None or compressed is None:
+        return None
+    warmup = int(getattr(compressor, "warmup_steps", 0))
+    if warmup < 1:
+        raise ValueError(
+            f"{type(compressor).__name__}(warmup_steps={warmup}): the benchmark needs "
+            "warmup_steps >= 1, the untimed trace call being an exact warm-up step"
+        )
+    timed = min(int(compressed), max(int(repeats), MIN_COMPRESSED_CALLS))
+    return PhasePlan(warmup, int(sampling), timed, int(sampling), int(compressed))
+
+
+#: The per-call counters of a row, from ``traffic_stats``.
+_COUNTERS = (
+    "bytes_sent",
+    "bytes_uncompressed",
+    "bytes_gathered",
+    "bytes_all_to_all",
+    "compress_seconds",
+    "decompress_seconds",
+)
+
+
+def block_average(sampling: dict, compressed: dict, plan: PhasePlan) -> dict:
+    """A phased row's per-call figures: the phases' weighted by their steps in a block.
+
+    Args:
+      sampling, compressed: per phase, the mean ``seconds`` of one call, the
+        per-call counters and the ``path``.
+      plan: the row's plan (the weights ``L_t`` and ``L_c``).
+
+    Returns:
+      ``seconds`` and every counter as ``(L_t * s + L_c * c) / (L_t + L_c)``,
+      and ``path``: the phases' paths, ``"sampling / compressed"`` when they differ.
+    """
+    lt, lc = plan.sampling_steps, plan.compressed_steps
+    row = {
+        name: (lt * sampling.get(name, 0) + lc * compressed.get(name, 0)) / (lt + lc)
+        for name in ("seconds", *_COUNTERS)
+    }
+    paths = dict.fromkeys((sampling.get("path", ""), compressed.get("path", "")))
+    row["path"] = " / ".join(paths)
+    return row
+
+
+def summable_settings(aggregations: list[str]) -> list[str]:
+    """The settings a summable variant runs: those of ``SUMMABLE_SETTINGS`` asked for, or ``auto``."""
+    return [s for s in aggregations if s in SUMMABLE_SETTINGS] or [SUMMABLE_SETTING]
 
 
 def _path(stats: dict) -> str:
@@ -206,7 +358,7 @@ def worker_main(argv: list[str]) -> int:
     parser.add_argument("--model", required=True)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--variants", nargs="+", required=True)
-    parser.add_argument("--aggregations", nargs="+", default=list(AGGREGATIONS))
+    parser.add_argument("--aggregations", nargs="+", default=list(DEFAULT_AGGREGATIONS))
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
 
@@ -242,41 +394,60 @@ def worker_main(argv: list[str]) -> int:
 
             return strategy.run(replica_fn)
 
-        for k in range(VARIANTS[label].warmup):  # trace + warm-up (+ a phased compressor's phases)
-            float(step(grads if k == 0 else random_gradients(k)))
-        tfcompress.distribute.reset_traffic_stats(strategy)
-        times = []
-        for _ in range(args.repeats):
+        def timed(gradients) -> float:
             start = time.perf_counter()
-            float(step(grads))
-            times.append(time.perf_counter() - start)
-        stats = tfcompress.distribute.traffic_stats(strategy)
-        per_call = {
-            name: stats.get(name, 0) / args.repeats
-            for name in (
-                "bytes_sent",
-                "bytes_uncompressed",
-                "bytes_gathered",
-                "bytes_all_to_all",
-                "compress_seconds",
-                "decompress_seconds",
+            float(step(gradients))
+            return time.perf_counter() - start
+
+        def per_call(calls: int) -> dict:
+            stats = tfcompress.distribute.traffic_stats(strategy)
+            return {
+                **{name: stats.get(name, 0) / calls for name in _COUNTERS},
+                "path": _path(stats),
+            }
+
+        plan = phase_plan(compressor, args.repeats)
+        if plan is None:
+            float(step(grads))  # trace + warm-up
+            tfcompress.distribute.reset_traffic_stats(strategy)
+            times = [timed(grads) for _ in range(args.repeats)]
+            row = {"seconds": statistics.median(times), "all_seconds": times}
+            row.update(per_call(args.repeats))
+        else:
+            # Fresh gradients for every call (drawn untimed): the sampled
+            # slices of one gradient repeated would be degenerate.
+            draws = iter(range(1, 1 << 30))
+            for k in range(plan.untimed):  # the trace and the exact warm-up steps
+                float(step(grads if k == 0 else random_gradients(next(draws))))
+            phases = {}
+            for phase, calls in (("sampling", plan.sampling), ("compressed", plan.compressed)):
+                tfcompress.distribute.reset_traffic_stats(strategy)
+                times = [timed(random_gradients(next(draws))) for _ in range(calls)]
+                phases[phase] = {
+                    "calls": calls,
+                    "seconds": statistics.fmean(times),
+                    "all_seconds": times,
+                    **per_call(calls),
+                }
+            row = block_average(phases["sampling"], phases["compressed"], plan)
+            row.update(
+                all_seconds=phases["sampling"]["all_seconds"] + phases["compressed"]["all_seconds"],
+                block=[plan.sampling_steps, plan.compressed_steps],
+                phases=phases,
             )
-        }
         timeline = tfcompress.distribute.aggregation_timeline(strategy)
         return {
-            "seconds": statistics.median(times),
-            "all_seconds": times,
-            **per_call,
-            "path": _path(stats),
+            **row,
             "packs": int(len(timeline)),
-            "timeline": [[float(t) for t in row] for row in timeline],
+            "timeline": [[float(t) for t in pack] for pack in timeline],
         }
 
     def progress(label: str, setting: str, row: dict) -> None:
         if task == 0:
             same = f" (= {row['same_as']})" if row.get("same_as") else ""
+            block = f" ({_block_cell(row)} ms)" if row.get("phases") else ""
             print(
-                f"{_PROGRESS}{label} / {setting}{same}: {1000 * row['seconds']:.0f} ms",
+                f"{_PROGRESS}{label} / {setting}{same}: {1000 * row['seconds']:.0f} ms{block}",
                 file=sys.stderr,
                 flush=True,
             )
@@ -288,7 +459,7 @@ def worker_main(argv: list[str]) -> int:
             rows.append({"variant": label, "available": False})
             continue
         summable = probe is None or probe.summable
-        settings = [SUMMABLE_SETTING] if summable else args.aggregations
+        settings = summable_settings(args.aggregations) if summable else args.aggregations
         measured: dict[tuple, dict] = {}
         for setting in settings:
             compressor = _make(label)  # fresh: no state or bindings from another row
@@ -297,7 +468,7 @@ def worker_main(argv: list[str]) -> int:
             key = (
                 aggregation.uses_two_stage(compressor, n),
                 aggregation.bucket_bytes if fusable else 0,
-                aggregation.pack_bytes,
+                aggregation.pack_bytes if compressor is not None else 0,  # nothing to pack
             )
             if key in measured:
                 row = {
@@ -380,7 +551,7 @@ def main(args: argparse.Namespace) -> int:
             print(f"tfcompress bench aggregate: {message}", file=sys.stderr)
             return 2
     variants = args.variants or list(DEFAULT_VARIANTS)
-    aggregations = aggregations or list(AGGREGATIONS)
+    aggregations = aggregations or list(DEFAULT_AGGREGATIONS)
     try:
         for rate in args.bandwidth:
             _rate_bits_per_second(rate)  # a bad rate fails before any launch
@@ -446,9 +617,23 @@ def main(args: argparse.Namespace) -> int:
 
 _HEADER = (
     "| model | workers | link | variant | aggregation | path | packs | time (ms) "
-    "| vs uncompressed | compress (ms) | collectives (ms) | decode (ms) | sent MB "
+    "| vs uncompressed | block (ms) | compress (ms) | collectives (ms) | decode (ms) | sent MB "
     "| limit (ms) | time / limit |"
 )
+
+_FOOTNOTE = (
+    "Rows with a block cell (phased compressors, GradiVeQ): block = `L_t x s + L_c x c`, the "
+    "steps of a sampling and a compressed phase and the mean time of one call in each; their "
+    "time is the block average (L_t s + L_c c) / (L_t + L_c), and so are vs uncompressed, "
+    "compress, collectives, decode, sent MB and limit; packs are the last compressed call's."
+)
+
+
+def _block_cell(row: dict) -> str:
+    """``L_t x s + L_c x c`` (ms) of a phased row."""
+    lt, lc = row["block"]
+    s, c = (1000 * row["phases"][phase]["seconds"] for phase in ("sampling", "compressed"))
+    return f"{lt} x {s:.1f} + {lc} x {c:.1f}"
 
 
 def _breakdown(row: dict) -> tuple[float, float, float]:
@@ -459,17 +644,23 @@ def _breakdown(row: dict) -> tuple[float, float, float]:
 
 
 def format_table(results: list[dict]) -> str:
-    """Markdown table of the aggregation times (columns: module docstring)."""
-    lines = [_HEADER, "|---|---:|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    base = {
-        (r["model"], r["workers"], r["bandwidth"]): r
-        for r in results
-        if r["variant"] == "uncompressed" and r.get("available")
-    }
+    """Markdown table of the aggregation times (columns: module docstring).
+
+    With a phased row, a footnote follows the table: what its block cell and time are.
+    """
+    lines = [
+        _HEADER,
+        "|---|---:|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    base: dict[tuple, dict] = {}
+    for r in results:  # the cell's first uncompressed row
+        if r["variant"] == "uncompressed" and r.get("available"):
+            base.setdefault((r["model"], r["workers"], r["bandwidth"]), r)
+    phased = False
     for r in results:
         cell = f"| {r['model']} | {r['workers']} | {r['bandwidth']} | {r['variant']} |"
         if not r.get("available"):
-            lines.append(f"{cell} | | | not available |" + " |" * 7)
+            lines.append(f"{cell} | | | not available |" + " |" * 8)
             continue
         aggregation = r.get("aggregation", "")
         if r.get("same_as"):
@@ -483,12 +674,16 @@ def format_table(results: list[dict]) -> str:
         else:
             limit_cell = ratio_cell = "n/a"
         compress, collectives, decode = _breakdown(r)
+        block = _block_cell(r) if r.get("phases") else ""
+        phased = phased or bool(block)
         lines.append(
             f"{cell} {aggregation} | {r.get('path', '')} | {r.get('packs', '')} | "
-            f"{1000 * r['seconds']:.1f} | {speedup} | {1000 * compress:.1f} | "
+            f"{1000 * r['seconds']:.1f} | {speedup} | {block} | {1000 * compress:.1f} | "
             f"{1000 * collectives:.1f} | {1000 * decode:.1f} | {r['bytes_sent'] / 1e6:.2f} | "
             f"{limit_cell} | {ratio_cell} |"
         )
+    if phased:
+        lines += ["", _FOOTNOTE]
     return "\n".join(lines)
 
 

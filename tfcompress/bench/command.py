@@ -35,7 +35,12 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 
 def _configure_aggregate(benchmarks) -> None:
     # The aggregate module imports TensorFlow only when run, so its names are cheap to read.
-    from tfcompress.bench.aggregate import AGGREGATIONS, VARIANTS  # noqa: PLC0415
+    from tfcompress.bench.aggregate import (  # noqa: PLC0415
+        AGGREGATIONS,
+        DEFAULT_AGGREGATIONS,
+        DEFAULT_VARIANTS,
+        VARIANTS,
+    )
 
     agg = benchmarks.add_parser(
         "aggregate",
@@ -64,24 +69,38 @@ def _configure_aggregate(benchmarks) -> None:
         "--variants",
         nargs="*",
         metavar="NAME",
-        help="compressors (default: all but gradiveq): "
+        help="compressors (default: all but the phased "
+        + ", ".join(repr(v) for v in VARIANTS if v not in DEFAULT_VARIANTS)
+        + ", timed per block of sampling and compressed calls): "
         + ", ".join(map(repr, VARIANTS)).replace("%", "%%"),  # argparse formats help with %
     )
     agg.add_argument(
         "--aggregations",
         nargs="*",
         metavar="NAME",
-        help="aggregation settings for the non-summable compressors (default: all): "
+        help="aggregation settings (default: all but "
+        + ", ".join(repr(a) for a in AGGREGATIONS if a not in DEFAULT_AGGREGATIONS)
+        + "): "
         + ", ".join(map(repr, AGGREGATIONS))
-        + "; summable ones (uncompressed, fp16, gradiveq) run once, with 'auto'",
+        + "; summable compressors (uncompressed, fp16, gradiveq) run only 'auto' and "
+        "'one pack' of them ('auto' when neither is given)",
     )
-    agg.add_argument("--repeats", type=int, default=3)
+    agg.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="timed calls per row (median); phased rows: a whole sampling phase and "
+        "max(REPEATS, 5) compressed calls (means)",
+    )
     agg.add_argument("--timeout", type=float, default=1800, help="seconds per launch")
     agg.add_argument("--out", default=None)
     agg.add_argument("--plot", action="store_true")
 
 
 def _configure_train(benchmarks) -> None:
+    # The train module imports TensorFlow only when run.
+    from tfcompress.bench.train import VARIANTS as TRAIN_VARIANTS  # noqa: PLC0415
+
     train = benchmarks.add_parser(
         "train",
         help="time to accuracy on Fashion-MNIST per compressor at a link rate",
@@ -92,7 +111,9 @@ def _configure_train(benchmarks) -> None:
     train.add_argument(
         "--variants",
         nargs="*",
-        help='variant labels (default: all but the aggregation comparisons, labels with ", ")',
+        metavar="NAME",
+        help='variant labels (default: all but the aggregation comparisons, labels with ", ", '
+        "and GradiVeQ): " + ", ".join(map(repr, TRAIN_VARIANTS)).replace("%", "%%"),
     )
     train.add_argument("--epochs", type=int, default=4)
     train.add_argument("--train-size", type=int, default=20000)
@@ -115,6 +136,15 @@ def _configure_gradiveq(benchmarks) -> None:
     gradiveq.add_argument("--compressed-steps", type=int, default=10, help="L_c measured")
     gradiveq.add_argument("--energy-loss", type=float, default=0.01, help="lambda")
     gradiveq.add_argument("--slice-length", type=int, default=None, help="K (default: the rule)")
+    gradiveq.add_argument(
+        "--sampling", default="qsgd", choices=["qsgd", "exact"], help="sampling aggregation"
+    )
+    gradiveq.add_argument(
+        "--max-components", type=int, default=None, help="cap on d (default: GradiVeQ's)"
+    )
+    gradiveq.add_argument(
+        "--error-feedback", action="store_true", help="error feedback on the projection residual"
+    )
     gradiveq.add_argument("--batch-size", type=int, default=128)
     gradiveq.add_argument("--learning-rate", type=float, default=0.05)
     gradiveq.add_argument("--packs", type=int, default=4, help="packs compared with 1 pack")

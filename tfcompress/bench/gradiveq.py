@@ -108,7 +108,11 @@ def main(args: argparse.Namespace) -> int:
         "compressed_steps": args.compressed_steps,
         "energy_loss": args.energy_loss,
         "slice_length": args.slice_length,
+        "sampling": args.sampling,
+        "error_feedback": args.error_feedback,
     }
+    if args.max_components is not None:
+        options["max_components"] = args.max_components
     compressor = GradiVeQ(**options)
     schedule = compressor.schedule(0, 1, None)
     chosen = [i for i, v in enumerate(variables) if v.shape.num_elements() >= 1024]
@@ -145,7 +149,10 @@ def main(args: argparse.Namespace) -> int:
         for i in chosen:
             view = layers[i].branch(branch)
             payload = view.compress(grads[i])
-            decoded = view.decompress(payload)
+            if view.summable:
+                decoded = view.decompress(payload)
+            else:
+                decoded = view.aggregate([payload])
             if branch == 1:
                 exact = grads[i]
                 errors[i].append(float(tf.norm(decoded - exact) / tf.norm(exact)))
@@ -153,7 +160,7 @@ def main(args: argparse.Namespace) -> int:
             grads[i] = decoded
         schedule.advance(tf.constant(branch))
         apply(grads)
-        phase = ["exact", "compressed"][branch]
+        phase = "compressed" if branch else ("sampling" if step >= args.train_steps else "warm-up")
         print(
             f"\rstep {step + 1}/{total_steps} ({phase}) loss {float(loss):.3f} "
             f"{time.perf_counter() - started:.0f}s",
@@ -176,6 +183,7 @@ def main(args: argparse.Namespace) -> int:
                 "S": s,
                 "d": int(layer.components),
                 "kept_energy": float(layer.kept_energy),
+                "heldout_error": float(layer.heldout_error),
                 "bytes": 4 * n,
                 "payload_bytes": payload_bytes[i],
                 "ratio": 4 * n / payload_bytes[i],

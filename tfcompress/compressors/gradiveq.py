@@ -21,22 +21,48 @@ truncated):
 
 Schedule (one counter per replica, identical on every worker)::
 
-    steps [0, warmup_steps)           exact aggregation (branch 0)
+    steps [0, warmup_steps)           branch 0
     then blocks of L_t + L_c steps:
-      L_t sampling steps              exact (branch 0) or 4-bit QSGD (branch 1)
-      L_c compressed steps            coefficients (last branch)
+      L_t sampling steps              branch 0
+      L_c compressed steps            branch 1: coefficients
 
-The aggregated (summed, identical on every worker) gradient of every sampling
-step is recorded per tensor: the first ``sample_slices`` slices of it (all
-``S`` by default), ``n = L_t * m`` rows of length ``K``. After the last
-sampling step of a block every worker computes, from identical inputs,
+Branch 0 aggregates through the sampling compressor: 4-bit QSGD by default
+(buckets of 512, ``seed``; the paper's hybrid, so that sampling steps are
+compressed too and the block ratio is not capped at ``(L_t + L_c) / L_t``),
+or exactly with ``sampling="exact"``. Its aggregate is identical on every
+worker (QSGD payloads are gathered and decoded in replica order), so every
+worker fits the same basis from the same inputs.
 
-    mu = mean of the n sampled slices,
-    (sigma, V) = SVD of the centred samples [n, K] (tf.linalg.svd; the K x K
-                 covariance is never formed),
-    d  = smallest count with sum_{i<d} sigma_i^2 >= (1 - energy_loss) sum sigma_i^2
-         (or ``components``), capped by d_cap = min(K, n, max_components),
-    U  = V[:, :d_cap] (stored; the first d columns are used).
+The fit streams (sampling state: a buffer of at most twice the gradient's
+elements; no buffer of ``L_t`` gradients). Per tensor, ``m`` slices of each
+sampling aggregate are used (the first ``sample_slices``, all ``S`` by
+default). With ``F = max(1, L_t - 2)`` fit steps:
+
+* steps ``0 .. F-1`` append their ``m`` rows to the buffer; when it is full
+  it is folded into a sketch of the ``n`` rows so far: the running mean
+  ``mu`` and ``l = min(K, F m, max_components)`` principal directions with
+  their singular values (incremental PCA with a mean correction, Ross, Lim,
+  Lin and Yang 2008; exact while ``n <= l``, the ``l`` strongest directions
+  afterwards);
+* step ``F`` is **held out**: with ``h`` its centred rows and ``c_i = V_i h``,
+  ``d`` is the fewest directions that capture ``1 - energy_loss`` of what all
+  ``l`` capture of ``h`` (``sum_{i<d} ||c_i||^2 >= (1 - lambda) sum_{i<l}
+  ||c_i||^2``). Directions that only fitted the sampled noise capture little
+  of fresh gradients, so unlike the energy rule on the sampled data itself
+  (which the paper uses, and which kept far too many on ``n << K`` samples)
+  ``d`` stops where they start. The held-out error ``||h - h_hat|| / ||h||``
+  is reported (``gradiveq_heldout_error``);
+* step ``L_t - 1`` is the **handshake**: its payload carries two keyed hashes
+  of ``(U, mu, d)`` and every worker compares them with its own. If any
+  differs (non-deterministic linear algebra across machines, corrupted
+  state), the block's compressed steps are aggregated exactly (raw slices),
+  a warning is printed once per tensor and ``gradiveq_mismatches`` counts it;
+  the next block refits. Sums are never wrong.
+
+With ``L_t = 2`` there is no held-out step (``d`` by the energy rule on the
+sketch: the smallest ``d`` with ``sum_{i<d} sigma_i^2 >= (1 - lambda) sum
+sigma_i^2``); with ``L_t = 1`` no handshake either, and a basis that differs
+across workers is an error at the first compressed step.
 
 Compressed steps, worker ``n`` with gradient slices ``g_n`` (padded, ``[S, K]``)::
 
@@ -44,35 +70,41 @@ Compressed steps, worker ``n`` with gradient slices ``g_n`` (padded, ``[S, K]``)
     sum_n g'_n = U_d^T (g - mu)                     # the all-reduce itself
     g_hat = U_d (sum_n g'_n) + mu                   # decompress, once
 
+With ``error_feedback`` worker ``n`` compresses ``g_n + e_n`` and keeps
+``e_n <- (g_n + e_n) - (U_d g'_n + mu / N)``, the part the projection dropped
+(orthogonal to ``U``); the payload stays summable. A projection never sends
+that part, so the residual grows until the next warm-up or sampling step,
+which sends ``g_n + e_n`` and empties it.
+
 Payload of the compressed branch: ``"coefficients_<p>"`` for each pack ``p`` of
 consecutive slices (``packs`` option): the compute dtype (float32, float64 for
 float64 gradients) ``[d, S_p]`` with ``d`` known only at run time, identical
 on every worker, so the bytes really shrink with ``d``; plus ``"check"``
-float32 ``[1]`` (``[2]`` with ``refresh_threshold``): a fingerprint of
-``(U, mu, d)`` in ``[1, 2^24 / N)`` whose sum must equal ``N`` times the local
-one (else ``InvalidArgumentError`` naming the tensor), and the local relative
-reconstruction error ``||g_n - (U_d g'_n + mu/N)|| / ||g_n||`` whose mean
-triggers an early refresh (paper eq. 7) when it exceeds the threshold. So
-``payload_nbytes = c (d * S) + 4 * (1 or 2)`` with ``c`` the compute dtype size.
-A tensor whose samples were degenerate (all zero, or not finite: SVD failure)
-stays exact for the block: its packs then carry the raw slices ``[K, S_p]``,
-and a warning is printed to stderr.
+float32 ``[3]``: the fingerprint pair (the sum must equal ``N`` times the
+local pair, else ``InvalidArgumentError`` naming the tensor) and the local
+relative error ``||g_n - (U_d g'_n + mu/N)|| / ||g_n||`` (from ``||g_n -
+mu/N||^2 - ||g'_n||^2``, U being orthonormal), whose mean over the workers is
+the fresh-gradient error ``gradiveq_error`` and triggers an early refresh
+(paper eq. 7) above ``refresh_threshold``. So ``payload_nbytes = c (d * S) +
+12`` with ``c`` the compute dtype size. An exact layer (degenerate samples:
+all zero, not finite, or a single slice; or workers that did not agree) has
+``d = 0`` and its packs carry the raw slices ``[K, S_p]``. Branch 0's
+payloads carry the fingerprint pair as well (8 bytes).
 
-The exact branch sends ``{"values": g_n}`` (summable); the QSGD branch sends
-the QSGD payload (not summable: all-gather, then aggregate). Outside the
-phased protocol (calling ``compress``/``decompress`` on the compressor or on a
-bound one directly) GradiVeQ behaves as its exact branch.
+Outside the phased protocol (calling ``compress``/``decompress`` on the
+compressor or on a bound one directly) GradiVeQ is exact.
 
-Each packed coefficient tensor has a run-time size, so the cross-device ops
-all-reduce it in a collective of its own: TensorFlow's executor runs the
-projection of pack ``p + 1`` while the all-reduce of pack ``p`` is in flight.
-Each collective has a fixed cost, though: on 2 in-process CPU replicas (no
-bandwidth to save) more packs were slower (docs/BENCHMARKS.md, section 5);
-packs pay off only where the link, not the launch, dominates.
+Overlap: each tensor is one aggregation unit (GradiVeQ is not fusable), and
+the cross-device ops all-reduce units in packs of ``Aggregation.pack_bytes``
+(4 MiB by default), each pack's collective issued before the next pack is
+projected, so projection and all-reduce overlap across packs
+(``tfcompress.distribute.aggregation_timeline``); ``packs`` splits one
+tensor's coefficients further.
 
-Memory per tensor and replica: the sample buffer holds ``L_t * m * K``
-values (``L_t`` gradients with the default ``sample_slices=None``), the basis
-``K * d_cap``.
+Memory per tensor and replica: the basis ``[l, K]`` and mean ``[K]`` that the
+compressed steps need; the sampling buffer, at most twice the gradient; with
+``error_feedback`` a residual of the gradient's size. The fit's transient
+Gram computation holds ``l + B + 1`` rows of ``K`` in float64.
 """
 
 from __future__ import annotations
@@ -171,16 +203,14 @@ class GradiVeQSchedule(Schedule):
         warmup_steps: int,
         sampling_steps: int,
         compressed_steps: int,
-        sampling_branch: int,
         replica: int,
         device: str | None,
     ):
         self.warmup_steps = warmup_steps
         self.sampling_steps = sampling_steps
         self.compressed_steps = compressed_steps
-        self.sampling_branch = sampling_branch
-        self.compressed_branch = sampling_branch + 1
-        self.num_branches = sampling_branch + 2
+        self.compressed_branch = 1
+        self.num_branches = 2
 
         def counter(name: str) -> tf.Variable:
             return counter_variable(f"gradiveq_{name}_r{replica}", device)
@@ -191,18 +221,14 @@ class GradiVeQSchedule(Schedule):
         self._early_refreshes = counter("early_refreshes")
 
     def branch_index(self) -> tf.Tensor:
-        step = self._step.read_value()
-        position = self._position.read_value()
-        index = tf.where(
-            step < self.warmup_steps,
-            tf.constant(0, tf.int64),
-            tf.where(
-                position < self.sampling_steps,
-                tf.constant(self.sampling_branch, tf.int64),
-                tf.constant(self.compressed_branch, tf.int64),
-            ),
+        return tf.cast(self.is_compressing(), tf.int32)
+
+    def is_compressing(self) -> tf.Tensor:
+        """True (bool scalar) when the current aggregation sends coefficients."""
+        return tf.logical_and(
+            self._step.read_value() >= self.warmup_steps,
+            self._position.read_value() >= self.sampling_steps,
         )
-        return tf.cast(index, tf.int32)
 
     def is_sampling(self) -> tf.Tensor:
         """True (bool scalar) when the current aggregation is a sampling one."""
@@ -251,72 +277,78 @@ class GradiVeQSchedule(Schedule):
 class GradiVeQ(Compressor):
     """Projects gradient slices on a few principal components; sums the coefficients.
 
-    Implements (see the module docstring for slicing, schedule and payload)::
+    Implements (see the module docstring for slicing, schedule, fit and payload)::
 
         g'_n = U_d^T (g_n - mu / N)       compress on worker n
         g'   = sum_n g'_n                 = U_d^T (g - mu), the all-reduce
         g^   = U_d g' + mu                decompress once
 
     with ``mu`` and ``U`` the mean and principal directions of the aggregated
-    gradient slices of the last ``L_t`` sampling iterations (identical on
-    every worker, so ``U`` is bit-identical: checked by a fingerprint in every
-    payload), and ``d`` the smallest count keeping ``1 - energy_loss`` of the
-    energy (sum of squared singular values).
+    gradient slices of the block's sampling iterations (identical on every
+    worker; a handshake checks it before they are used), and ``d`` the fewest
+    directions that keep ``1 - energy_loss`` of what all of them capture of a
+    held-out sampling step.
 
     Args:
       slice_length: ``K``; ``None`` for the rule in the module docstring. For
         conv kernels a multiple of ``D_in * F_out``, for dense kernels of
         ``out``.
-      components: a fixed ``d`` (capped by ``d_cap``) instead of the energy rule.
-      energy_loss: ``lambda``, the share of the energy dropped, in [0, 1).
-        Paper: 0.01.
-      warmup_steps: exact aggregations before the first block. Paper: 2500.
-      sampling_steps: ``L_t``, sampling aggregations per block (>= 1). Paper: 100.
+      components: a fixed ``d`` (capped by the sketch width ``l``) instead of
+        the held-out rule.
+      energy_loss: ``lambda`` in [0, 1): the share of the held-out energy
+        captured by the sketch that ``d`` may leave out (paper: 0.01, of the
+        sampled energy).
+      warmup_steps: aggregations before the first block, through the sampling
+        compressor. Paper: 2500.
+      sampling_steps: ``L_t``, sampling aggregations per block (>= 1; >= 3 for
+        the held-out choice of ``d``, >= 2 for the handshake). Paper: 100.
       compressed_steps: ``L_c``, compressed aggregations per block (>= 1). Paper: 400.
-      sampling: ``"exact"`` (uncompressed sampling iterations) or ``"qsgd"``
-        (4-bit QSGD, buckets of 512, seeded with ``seed``), or a non-phased
-        compressor instance to aggregate the sampling iterations with.
+      sampling: how warm-up and sampling steps are aggregated: ``"qsgd"``
+        (4-bit QSGD, buckets of 512, seeded with ``seed``; the paper's hybrid),
+        ``"exact"``, or a non-phased compressor instance.
       refresh_threshold: early refresh (paper eq. 7): when the mean over the
         workers of the relative local reconstruction error
         ``||g_n - (U_d g'_n + mu/N)|| / ||g_n||`` exceeds it, the next
         aggregation starts a new block. ``None``: off.
-      max_components: cap on ``d`` (and on the stored basis width).
-      sample_slices: slices recorded per tensor and sampling step (the first
-        ones); ``None`` records all ``S`` (better bases, memory ``L_t`` times
-        the gradient); 1 is the paper's first-slice choice.
+      max_components: the sketch width ``l`` (cap on ``d`` and on the basis,
+        ``l * K`` values per tensor); ``None``: ``min(K, F m)``.
+      sample_slices: slices used per tensor and sampling step (the first
+        ones); ``None`` uses all ``S``; 1 is the paper's first-slice choice.
       packs: the coefficients of a tensor travel as up to this many tensors
-        (consecutive groups of slices), each all-reduced on its own so that
-        projection and communication overlap.
+        (consecutive groups of slices), each all-reduced on its own.
       seed: seed of the QSGD sampling compressor.
+      error_feedback: keep what the projection dropped and send it with the
+        next warm-up or sampling step (module docstring).
       slice_size, energy, sample_steps, sample_compressor: aliases of
         ``slice_length``, ``1 - energy_loss``, ``sampling_steps`` and
-        ``sampling`` (``None`` = exact), the names of the design notes.
+        ``sampling``, the names of the design notes.
 
     Raises:
       ValueError: an option outside its valid values (the message names it),
         or an option given together with its alias.
 
     Defaults: 100 warm-up, 40 sampling and 60 compressed steps, for runs of a
-    few hundred steps (the paper's 2500/100/400 is ``GradiVeQ.paper()``). On
-    a small Fashion-MNIST CNN, 20 sampling steps per 80 left relative
-    reconstruction errors of 0.3-0.6 on the conv kernel and cost 2 points of
-    accuracy after 300 steps; 40 per 60 brought them to 0.1-0.2 and matched the
-    uncompressed accuracy.
+    few hundred steps (the paper's 2500/100/400 is ``GradiVeQ.paper()``),
+    4-bit QSGD sampling, a sketch of at most 64 directions. With warm-up 50 and
+    blocks of 20 sampling + 80 compressed steps, 2 workers training a small
+    Fashion-MNIST CNN for 300 steps matched the uncompressed accuracy (0.824
+    vs 0.8215) with 6.8x fewer bytes sent over the whole run
+    (tests/distribute/test_gradiveq_multiworker.py).
 
-    Tuning: a larger ``energy_loss`` or a small ``max_components`` raises the
-    ratio ``K / d`` and the reconstruction error; more sampling steps, or a
-    smaller ``slice_length`` (``D_in * F_out``: more slices, so more samples
-    per step), give bases that generalise better to the compressed steps;
-    ``sampling="qsgd"`` makes sampling iterations ~6x cheaper at the price of
-    noisier bases; ``refresh_threshold`` (e.g. 0.3) starts a new block as soon
-    as the bases stop fitting.
+    Tuning: more sampling steps, or a smaller ``slice_length`` (``D_in *
+    F_out``: more slices, so more samples per step), give bases that
+    generalise better; a larger ``max_components`` lowers the fresh-gradient
+    error at the price of bytes (``K / d``) and of fitting time (each fold is
+    ``O((l + B)^2 K)``); ``sampling="exact"`` gives cleaner bases for 7.5x
+    more bytes per sampling step; ``refresh_threshold`` (e.g. 0.5) starts a
+    new block as soon as the bases stop fitting.
 
     Example:
 
     >>> import tensorflow as tf
     >>> c = GradiVeQ(warmup_steps=0, sampling_steps=4, compressed_steps=4)
     >>> c.get_config()["sampling"]
-    'exact'
+    'qsgd'
     >>> c.decompress(c.compress(tf.ones([3, 3, 4, 4]))).shape.as_list()  # exact outside phases
     [3, 3, 4, 4]
     """
@@ -333,12 +365,13 @@ class GradiVeQ(Compressor):
         warmup_steps: int = 100,
         sampling_steps: int = 40,
         compressed_steps: int = 60,
-        sampling: str | Compressor = "exact",
+        sampling: str | Compressor = "qsgd",
         refresh_threshold: float | None = None,
-        max_components: int | None = None,
+        max_components: int | None = 64,
         sample_slices: int | None = None,
         packs: int = 1,
         seed: int = 0,
+        error_feedback: bool = False,
         *,
         slice_size: int | None = None,
         energy: float | None = None,
@@ -357,7 +390,7 @@ class GradiVeQ(Compressor):
             )
             sampling_steps = sample_steps
         if sample_compressor is not None:
-            _no_both("sampling", sampling if sampling != "exact" else None, "sample_compressor")
+            _no_both("sampling", sampling if sampling != "qsgd" else None, "sample_compressor")
             sampling = sample_compressor
         for option, value, low in (
             ("warmup_steps", warmup_steps, 0),
@@ -391,6 +424,8 @@ class GradiVeQ(Compressor):
                 f"GradiVeQ(refresh_threshold={refresh_threshold!r}) must be None or a number > 0 "
                 "(relative reconstruction error that starts a new sampling block)"
             )
+        if not isinstance(error_feedback, bool):
+            raise ValueError(f"GradiVeQ(error_feedback={error_feedback!r}) must be True or False")
         if not _is_int(seed):
             raise ValueError(f"GradiVeQ(seed={seed!r}) must be an int")
         if isinstance(sampling, str):
@@ -421,6 +456,7 @@ class GradiVeQ(Compressor):
         self.sample_slices = sample_slices
         self.packs = int(packs)
         self.seed = int(seed)
+        self.error_feedback = error_feedback
         self._sampler = sampler
         # replica -> schedule; bind() and schedule() share it (one per replica).
         self._schedules: dict[int, GradiVeQSchedule] = {}
@@ -429,16 +465,28 @@ class GradiVeQ(Compressor):
     def paper(cls, **options) -> GradiVeQ:
         """The paper's schedule: 2500 warm-up, L_t = 100, L_c = 400 (other options as given)."""
         warmup, sampling, compressed = _PAPER_SCHEDULE
-        return cls(
-            warmup_steps=warmup, sampling_steps=sampling, compressed_steps=compressed, **options
-        )
+        schedule = {
+            "warmup_steps": warmup,
+            "sampling_steps": sampling,
+            "compressed_steps": compressed,
+        }
+        return cls(**{**schedule, **options})
 
     # -- the phased protocol ----------------------------------------------------------------
 
     @property
     def num_branches(self) -> int:
-        """2 (exact, compressed), or 3 with a sampling compressor (exact, sampling, compressed)."""
-        return 2 if self._sampler is None else 3
+        """2: warm-up and sampling (exact or the sampling compressor), then compressed."""
+        return 2
+
+    @property
+    def fit_steps(self) -> int:
+        """``F``: sampling steps folded into the sketch (``L_t - 2``, at least 1).
+
+        With ``L_t >= 3`` the next one is the held-out step that chooses ``d``
+        and the last one the handshake; with ``L_t = 2`` only the handshake.
+        """
+        return max(1, self.sampling_steps - 2)
 
     def schedule(self, replica: int, num_replicas: int, device: str | None) -> GradiVeQSchedule:
         del num_replicas
@@ -447,7 +495,6 @@ class GradiVeQ(Compressor):
                 self.warmup_steps,
                 self.sampling_steps,
                 self.compressed_steps,
-                sampling_branch=self.num_branches - 2,
                 replica=replica,
                 device=device,
             )
@@ -480,6 +527,7 @@ class GradiVeQ(Compressor):
             "sample_slices": self.sample_slices,
             "packs": self.packs,
             "seed": self.seed,
+            "error_feedback": self.error_feedback,
         }
 
 
@@ -489,17 +537,19 @@ def _no_both(option: str, value, alias: str) -> None:
 
 
 class GradiVeQLayer(Compressor):
-    """GradiVeQ bound to one tensor of one replica: its basis, mean, samples and views.
+    """GradiVeQ bound to one tensor of one replica: its sketch, basis, mean and views.
 
-    Made by :meth:`GradiVeQ.bind` (the layer is GradiVeQ's bound form; its
-    :meth:`build_state` creates the state). ``branch(j)`` returns the view of
-    phase ``j``; ``compress``/``decompress`` on the layer itself are the exact
-    branch without sampling. State (all worker-local ``tf.Variable``s, listed
-    by ``variables``): ``basis`` ``[K, d_cap]``, ``mean`` ``[K]``,
-    ``components`` (``d``, int32), ``valid`` (int32: 1 when the basis is
-    usable, 0 before the first fit or after a degenerate block), ``samples``
-    ``[L_t * m, K]``, ``kept_energy`` (float32), ``refreshes`` (bases fitted,
-    int64), ``fingerprint`` (float32), plus the sampling compressor's counter.
+    Made by :meth:`GradiVeQ.bind`; ``branch(j)`` returns the view of phase
+    ``j`` (0: warm-up and sampling, 1: compressed); ``compress``/``decompress``
+    on the layer itself are the exact aggregation. State (all worker-local
+    ``tf.Variable``s, listed by ``variables``, checkpointed): ``basis``
+    ``[l, K]`` (unit rows: the sketch's directions while sampling, ``U^T``
+    after the fit), ``singular`` ``[l]``, ``mean`` ``[K]``, ``count`` (rows
+    in the sketch), ``buffer`` ``[B, K]`` and ``filled``, ``components``
+    (``d``), ``valid``, ``degenerate``, ``kept_energy``, ``heldout_error``,
+    ``error``, ``refreshes``, ``mismatches``, ``warned``, ``fingerprint``
+    ``[2]``, ``residual`` (with ``error_feedback``), plus the sampling
+    compressor's state.
     """
 
     summable = True
@@ -527,9 +577,11 @@ class GradiVeQLayer(Compressor):
         k, s, _, _ = slice_geometry(shape.as_list(), config.slice_length)
         self.size = shape.num_elements()
         self.slice_length, self.num_slices = k, s
-        self.rows_per_sample = s if config.sample_slices is None else min(config.sample_slices, s)
-        n_samples = config.sampling_steps * self.rows_per_sample
-        self.max_d = min(k, n_samples, config.max_components or k)
+        m = s if config.sample_slices is None else min(config.sample_slices, s)
+        self.rows_per_sample = m
+        self.width = min(k, config.fit_steps * m, config.max_components or k)
+        # At most twice the gradient's elements (m K <= S K < size + K <= 2 size).
+        self.buffer_rows = m * max(1, (2 * self.size) // (m * k))
         self.compute_dtype = tf.float64 if context.dtype == tf.float64 else tf.float32
         self.pack_bounds = [
             (int(a[0]), int(a[-1]) + 1)
@@ -540,30 +592,57 @@ class GradiVeQLayer(Compressor):
         self._modulus = max(2, 2**24 // max(1, context.num_replicas))
         self.geometry = (k, s)
         cdt = self.compute_dtype
+        width, rows = self.width, self.buffer_rows
 
         def variable(name, make):
             return local_variable(
                 make, name=state_name(f"gradiveq_{name}", context), device=context.device
             )
 
-        self.basis = variable("basis", lambda: tf.zeros([k, self.max_d], cdt))
+        def counter(name):
+            return counter_variable(state_name(f"gradiveq_{name}", context), context.device)
+
+        def scalar(name, value, dtype):
+            return variable(name, lambda: tf.constant(value, dtype))
+
+        self.basis = variable("basis", lambda: tf.zeros([width, k], cdt))
+        self.singular = variable("singular", lambda: tf.zeros([width], tf.float64))
         self.mean = variable("mean", lambda: tf.zeros([k], cdt))
-        self.components = variable("components", lambda: tf.constant(0, tf.int32))
-        self.valid = variable("valid", lambda: tf.constant(0, tf.int32))
-        self.samples = variable("samples", lambda: tf.zeros([n_samples, k], cdt))
-        self.kept_energy = variable("kept_energy", lambda: tf.constant(0.0, tf.float32))
-        self.refreshes = counter_variable(state_name("gradiveq_refreshes", context), context.device)
-        self.fingerprint = variable("fingerprint", lambda: tf.constant(0.0, tf.float32))
+        self.count = scalar("count", 0.0, tf.float64)
+        self.buffer = variable("buffer", lambda: tf.zeros([rows, k], cdt))
+        self.filled = scalar("filled", 0, tf.int32)
+        self.components = scalar("components", 0, tf.int32)
+        self.valid = scalar("valid", 0, tf.int32)
+        self.degenerate = scalar("degenerate", 0, tf.int32)
+        self.kept_energy = scalar("kept_energy", 0.0, tf.float32)
+        self.heldout_error = scalar("heldout_error", 0.0, tf.float32)
+        self.error = scalar("error", 0.0, tf.float32)
+        self.refreshes = counter("refreshes")
+        self.mismatches = counter("mismatches")
+        self.warned = scalar("warned", 0, tf.int32)
+        self.fingerprint = variable("fingerprint", lambda: tf.zeros([2], tf.float32))
         self._variables = (
             self.basis,
+            self.singular,
             self.mean,
+            self.count,
+            self.buffer,
+            self.filled,
             self.components,
             self.valid,
-            self.samples,
+            self.degenerate,
             self.kept_energy,
+            self.heldout_error,
+            self.error,
             self.refreshes,
+            self.mismatches,
+            self.warned,
             self.fingerprint,
         )
+        self.residual = None
+        if config.error_feedback:
+            self.residual = variable("residual", lambda: tf.zeros([s * k], cdt))
+            self._variables += (self.residual,)
 
     # -- views ----------------------------------------------------------------------------------
 
@@ -573,14 +652,11 @@ class GradiVeQLayer(Compressor):
                 f"GradiVeQ needs a tensor of static, non-empty shape to slice; tensor "
                 f"{self.context.key!r} has shape {self.context.shape}"
             )
-        last = self.config.num_branches - 1
         if index == 0:
-            return _ExactBranch(self)
-        if index == last:
+            return _ExactBranch(self) if self._sampler is None else _SamplingBranch(self)
+        if index == 1:
             return _CompressedBranch(self)
-        if index == 1 and self._sampler is not None:
-            return _SamplingBranch(self)
-        raise ValueError(f"GradiVeQ has branches 0..{last}; got {index}")
+        raise ValueError(f"GradiVeQ has branches 0 (warm-up, sampling) and 1; got {index}")
 
     @property
     def variables(self) -> tuple[tf.Variable, ...]:
@@ -588,13 +664,27 @@ class GradiVeQLayer(Compressor):
         return self._variables + sampler
 
     def metrics(self) -> dict[str, tf.Tensor]:
-        """``gradiveq_kept_energy``, ``gradiveq_refreshes``, ``gradiveq_components`` (float32)."""
+        """The fit and its errors, float32 scalars.
+
+        ``gradiveq_components`` (``d``), ``gradiveq_kept_energy`` (share of the
+        held-out step's centred energy that ``d`` components capture; of the
+        sketch's energy when ``sampling_steps < 3``), ``gradiveq_heldout_error``
+        (``||h - h_hat|| / ||h||`` on the held-out aggregated gradient ``h``),
+        ``gradiveq_error`` (mean over the workers of the local relative error
+        ``||g_n - g_hat_n|| / ||g_n||`` of the last compressed step: the error
+        on fresh gradients), ``gradiveq_refreshes`` (bases fitted) and
+        ``gradiveq_mismatches`` (blocks that fell back to exact aggregation).
+        """
         if self.geometry is None:
             return {}
+        as_float = lambda v: tf.cast(v.read_value(), tf.float32)  # noqa: E731
         return {
+            "gradiveq_components": as_float(self.components),
             "gradiveq_kept_energy": self.kept_energy.read_value(),
-            "gradiveq_refreshes": tf.cast(self.refreshes.read_value(), tf.float32),
-            "gradiveq_components": tf.cast(self.components.read_value(), tf.float32),
+            "gradiveq_heldout_error": self.heldout_error.read_value(),
+            "gradiveq_error": self.error.read_value(),
+            "gradiveq_refreshes": as_float(self.refreshes),
+            "gradiveq_mismatches": as_float(self.mismatches),
         }
 
     def compress(self, x: tf.Tensor) -> Payload:
@@ -619,90 +709,285 @@ class GradiVeQLayer(Compressor):
         flat = tf.reshape(slices, [-1])[: self.size]
         return tf.reshape(tf.cast(flat, payload.dtype), payload.shape)
 
-    def record(self, total: tf.Tensor) -> tf.Tensor:
-        """Stores the aggregated gradient while sampling; fits at the end of the block.
+    def with_residual(self, x: tf.Tensor) -> tf.Tensor:
+        """``x + e`` with the error-feedback residual ``e`` (``x`` without error feedback)."""
+        if self.residual is None:
+            return x
+        flat = tf.reshape(self.residual.read_value(), [-1])[: self.size]
+        return x + tf.reshape(tf.cast(flat, x.dtype), tf.shape(x))
 
-        Returns ``total`` once the bookkeeping ran.
+    def set_residual(self, slices: tf.Tensor | None) -> list:
+        """Stores ``slices`` (``[S, K]``; ``None``: zero) as the residual; control inputs."""
+        if self.residual is None:
+            return []
+        value = tf.zeros_like(self.residual) if slices is None else tf.reshape(slices, [-1])
+        return _ops(self.residual.assign(value))
+
+    def local_check(self) -> tf.Tensor:
+        """This worker's fingerprint pair, to be compared after the aggregation."""
+        return self.fingerprint.read_value()
+
+    def record(self, total: tf.Tensor, agreed: tf.Tensor) -> tf.Tensor:
+        """Sampling bookkeeping after an aggregation of branch 0; returns ``total``.
+
+        Within a block, at sampling position ``p`` (``F`` = ``fit_steps``):
+        ``p < F`` adds the aggregate's first ``m`` slices to the sketch (the
+        last of them finishes the fit); ``p == F`` (with ``L_t >= 3``) chooses
+        ``d`` on this held-out aggregate; ``p == L_t - 1`` (with ``L_t >= 2``)
+        is the handshake: ``agreed`` tells whether every worker sent the same
+        fingerprint of ``(U, mu, d)``; if not, the block stays exact.
         """
         schedule = self.schedule_
-        m = self.rows_per_sample
-
-        def store() -> tf.Tensor:
-            start = schedule.position() * m
-            rows = self.slices(total)[:m]
-            stored = self.samples[start : start + m].assign(rows)
-            with tf.control_dependencies(_ops(stored)):
-                last = schedule.position() >= self.config.sampling_steps - 1
-                return tf.cond(last, self.fit, lambda: tf.constant(0, tf.int32))
-
-        done = tf.cond(schedule.is_sampling(), store, lambda: tf.constant(0, tf.int32))
+        config = self.config
+        position = schedule.position()
+        fit_steps = config.fit_steps
+        heldout = config.sampling_steps >= 3
+        handshake = config.sampling_steps >= 2
+        index = tf.where(
+            tf.logical_not(schedule.is_sampling()),
+            0,
+            tf.where(
+                position < fit_steps,
+                1,
+                tf.where(
+                    tf.logical_and(heldout, tf.equal(position, fit_steps)),
+                    2,
+                    tf.where(
+                        tf.logical_and(handshake, tf.equal(position, config.sampling_steps - 1)),
+                        3,
+                        0,
+                    ),
+                ),
+            ),
+        )
+        done = tf.switch_case(
+            tf.cast(index, tf.int32),
+            [
+                lambda: tf.constant(0, tf.int32),
+                lambda: self._fit_step(total, position),
+                lambda: self._choose_on_heldout(total),
+                lambda: self._handshake(agreed),
+            ],
+        )
         with tf.control_dependencies([done]):
             return tf.identity(total)
 
-    def fit(self) -> tf.Tensor:
-        """``mu``, ``U`` and ``d`` from the recorded samples (see the module docstring)."""
-        samples = self.samples.read_value()
-        finite = tf.reduce_all(tf.math.is_finite(samples))
-        mean = tf.where(finite, tf.reduce_mean(samples, axis=0), tf.zeros_like(samples[0]))
-        centred = tf.where(finite, samples - mean, tf.zeros_like(samples))
-        singular, _, right = tf.linalg.svd(centred, full_matrices=False)
-        energy = tf.square(tf.cast(singular, tf.float64))
+    # -- the streaming fit --------------------------------------------------------------------
+
+    def _fit_step(self, total: tf.Tensor, position: tf.Tensor) -> tf.Tensor:
+        """Appends the aggregate's rows to the buffer; folds it into the sketch when full."""
+        m = self.rows_per_sample
+        first = tf.equal(position, 0)
+        filled = tf.where(first, 0, self.filled.read_value())
+        resets = _ops(
+            self.count.assign(tf.where(first, tf.constant(0.0, tf.float64), self.count)),
+            self.degenerate.assign(tf.where(first, 0, self.degenerate)),
+        )
+        rows = self.slices(total)[:m]
+        with tf.control_dependencies(resets):
+            stored = self.buffer[filled : filled + m].assign(rows)
+            filled_now = self.filled.assign(filled + m)
+        last = tf.equal(position, self.config.fit_steps - 1)
+        full = tf.logical_or(last, filled + m >= self.buffer_rows)
+        with tf.control_dependencies(_ops(stored, filled_now)):
+            folded = tf.cond(full, self._fold, lambda: tf.constant(0, tf.int32))
+        if self.config.sampling_steps >= 3:  # d is chosen on the held-out step
+            return folded
+        with tf.control_dependencies([folded]):
+            return tf.cond(last, self._finish_fit, lambda: tf.constant(0, tf.int32))
+
+    def _fold(self) -> tf.Tensor:
+        """One incremental-PCA update of the sketch with the buffered rows.
+
+        With ``n`` rows so far (mean ``mu``, sketch ``diag(sigma) V``) and ``b``
+        new rows ``Y`` (mean ``m_Y``), the right singular vectors and values
+        of ``[diag(sigma) V; Y - m_Y; sqrt(n b / (n + b)) (mu - m_Y)]`` are the
+        principal directions of all ``n + b`` centred rows (Ross et al. 2008);
+        the top ``l`` are kept. They come from the eigenvectors of the small
+        Gram matrix of that stack, in float64.
+        """
+        cdt = self.compute_dtype
+        b = tf.cast(self.filled.read_value(), tf.float64)
+        n = self.count.read_value()
+        rows = self.buffer.read_value()
+        mask = tf.cast(tf.range(self.buffer_rows) < self.filled.read_value(), tf.float64)[:, None]
+        rows64 = tf.cast(rows, tf.float64) * mask
+        batch_mean = tf.reduce_sum(rows64, axis=0) / tf.maximum(b, 1.0)
+        mean = tf.cast(self.mean.read_value(), tf.float64)
+        scale = tf.sqrt(tf.math.divide_no_nan(n * b, n + b))
+        old = (
+            tf.cast(self.basis.read_value(), tf.float64)
+            * tf.where(n > 0, self.singular.read_value(), tf.zeros_like(self.singular))[:, None]
+        )
+        stack = tf.concat(
+            [old, (rows64 - batch_mean) * mask, (scale * (mean - batch_mean))[None]], axis=0
+        )
+        finite = tf.reduce_all(tf.math.is_finite(stack))
+        stack = tf.where(finite, stack, tf.zeros_like(stack))
+        singular, directions = _top_directions(stack, self.width)
+        new_mean = tf.where(n > 0, (n * mean + b * batch_mean) / (n + b), batch_mean)
+        assigns = [
+            self.basis.assign(tf.cast(directions, cdt)),
+            self.singular.assign(singular),
+            self.mean.assign(tf.cast(tf.where(finite, new_mean, tf.zeros_like(mean)), cdt)),
+            self.count.assign(n + b),
+            self.filled.assign(0),
+            self.degenerate.assign(tf.maximum(self.degenerate, tf.cast(~finite, tf.int32))),
+        ]
+        with tf.control_dependencies(_ops(*assigns)):
+            return tf.constant(1, tf.int32)
+
+    def _finish_fit(self) -> tf.Tensor:
+        """After the last fit step: ``d`` from the sketch's energy (overwritten on held-out)."""
+        energy = tf.square(self.singular.read_value())
         total = tf.reduce_sum(energy)
-        ok = finite & (total > 0) & tf.reduce_all(tf.math.is_finite(right))
-        ok &= tf.reduce_all(tf.math.is_finite(energy))
-        safe_total = tf.where(ok, total, tf.constant(1.0, tf.float64))
-        cumulative = tf.cumsum(energy) / safe_total
+        ok = tf.logical_and(tf.equal(self.degenerate.read_value(), 0), total > 0)
+        cumulative = tf.cumsum(energy) / tf.where(ok, total, 1.0)
         if self.config.components is not None:
-            d = tf.constant(min(self.config.components, self.max_d), tf.int32)
+            d = tf.constant(min(self.config.components, self.width), tf.int32)
         else:
             below = tf.reduce_sum(tf.cast(cumulative < 1.0 - self.config.energy_loss, tf.int32))
-            d = tf.minimum(below + 1, self.max_d)
-        kept = tf.cast(tf.gather(cumulative, d - 1), tf.float32)
-        basis = tf.where(ok, right[:, : self.max_d], tf.zeros_like(right[:, : self.max_d]))
-        mean = tf.where(ok, mean, tf.zeros_like(mean))
-        d = tf.where(ok, d, 0)
-        valid = tf.cast(ok, tf.int32)
-        kept = tf.where(ok, kept, 0.0)
-        warn = tf.cond(
-            ok,
-            lambda: tf.constant(0, tf.int32),
-            lambda: self._warn_degenerate(),
+            d = tf.minimum(below + 1, self.width)
+        d = tf.minimum(d, tf.reduce_sum(tf.cast(energy > 0, tf.int32)))
+        kept = tf.gather(cumulative, tf.maximum(d - 1, 0))
+        return self._set_fit(ok, d, tf.cast(kept, tf.float32), tf.constant(0.0, tf.float32))
+
+    def _choose_on_heldout(self, total: tf.Tensor) -> tf.Tensor:
+        """``d``: the fewest components that capture ``1 - energy_loss`` of what all ``l`` do.
+
+        Measured on this aggregate (not part of the sketch): with ``h`` its
+        first ``m`` slices and ``c_i = V_i (h - mu)``, component ``i`` captures
+        ``||c_i||^2`` of the held-out energy; directions that only fitted the
+        sampled noise capture little of it, so ``d`` stops where they start.
+        """
+        rows = tf.cast(self.slices(total)[: self.rows_per_sample], tf.float64)
+        centred = rows - tf.cast(self.mean.read_value(), tf.float64)
+        basis = tf.cast(self.basis.read_value(), tf.float64)
+        captured = tf.cumsum(
+            tf.reduce_sum(tf.square(tf.matmul(centred, basis, transpose_b=True)), 0)
         )
+        rank = tf.reduce_sum(tf.cast(self.singular.read_value() > 0, tf.int32))
+        reachable = tf.gather(captured, tf.maximum(rank - 1, 0))
+        if self.config.components is not None:
+            d = tf.constant(min(self.config.components, self.width), tf.int32)
+        else:
+            enough = captured >= (1.0 - self.config.energy_loss) * reachable
+            d = tf.cast(tf.argmax(tf.cast(enough, tf.int32)), tf.int32) + 1
+        d = tf.minimum(d, rank)
+        captured_d = tf.where(d > 0, tf.gather(captured, tf.maximum(d - 1, 0)), 0.0)
+        energy = tf.reduce_sum(tf.square(centred))
+        norm = tf.reduce_sum(tf.square(rows))
+        error = tf.sqrt(tf.math.divide_no_nan(tf.maximum(energy - captured_d, 0.0), norm))
+        kept = tf.math.divide_no_nan(captured_d, energy)
+        ok = tf.logical_and(tf.equal(self.degenerate.read_value(), 0), rank > 0)
+        ok = tf.logical_and(ok, tf.reduce_all(tf.math.is_finite(rows)))
+        return self._set_fit(ok, d, tf.cast(kept, tf.float32), tf.cast(error, tf.float32))
+
+    def _set_fit(self, ok, d, kept, heldout_error) -> tf.Tensor:
+        """Stores the fit (or the exact fallback of a degenerate one) and its fingerprint."""
+        d = tf.where(ok, d, 0)
+        mean = tf.where(ok, self.mean.read_value(), tf.zeros_like(self.mean))
+        valid = tf.cast(ok, tf.int32)
+        warn = tf.cond(ok, lambda: tf.constant(0, tf.int32), self._warn_degenerate)
         assigns = [
-            self.basis.assign(basis),
-            self.mean.assign(mean),
             self.components.assign(d),
+            self.mean.assign(mean),
             self.valid.assign(valid),
-            self.kept_energy.assign(kept),
-            self.refreshes.assign_add(1),
-            self.fingerprint.assign(self._fingerprint_of(basis, mean, d, valid)),
+            self.kept_energy.assign(tf.where(ok, kept, 0.0)),
+            self.heldout_error.assign(tf.where(ok, heldout_error, 0.0)),
+            self.refreshes.assign_add(tf.cast(ok, tf.int64)),
         ]
         with tf.control_dependencies([warn, *_ops(*assigns)]):
+            fingerprint = self.fingerprint.assign(self._fingerprint_of(mean, d, valid))
+        with tf.control_dependencies(_ops(fingerprint)):
             return tf.constant(1, tf.int32)
+
+    def _handshake(self, agreed: tf.Tensor) -> tf.Tensor:
+        """Keeps the fit if every worker has the same one; else this block stays exact."""
+
+        def fall_back() -> tf.Tensor:
+            message = tf.print(
+                f"WARNING: GradiVeQ: the workers fitted different bases for tensor "
+                f"{self.context.key!r} (their fingerprints differ); this block is aggregated "
+                "exactly and the next one refits (counted in gradiveq_mismatches; "
+                "printed once per tensor)",
+                output_stream=sys.stderr,
+            )
+            printed = tf.cond(
+                tf.equal(self.warned.read_value(), 0),
+                lambda: _after([message]),
+                lambda: tf.constant(0, tf.int32),
+            )
+            assigns = [
+                self.valid.assign(0),
+                self.components.assign(0),
+                self.mean.assign(tf.zeros_like(self.mean)),
+                self.fingerprint.assign(tf.zeros([2], tf.float32)),
+                self.mismatches.assign_add(1),
+                self.warned.assign(1),
+            ]
+            with tf.control_dependencies([printed, *_ops(*assigns)]):
+                return tf.constant(1, tf.int32)
+
+        return tf.cond(agreed, lambda: tf.constant(0, tf.int32), fall_back)
 
     def _warn_degenerate(self) -> tf.Tensor:
         printed = tf.print(
             f"WARNING: GradiVeQ: the sampled gradients of tensor {self.context.key!r} are "
-            "degenerate (all zero or not finite); it stays exact for this block",
+            "degenerate (all zero, not finite, or all alike: a single sampled slice has no "
+            "spread, raise sampling_steps); it stays exact for this block",
             output_stream=sys.stderr,
         )
-        with tf.control_dependencies([printed]):
-            return tf.constant(1, tf.int32)
+        return _after([printed])
 
-    def _fingerprint_of(self, basis, mean, d, valid) -> tf.Tensor:
-        """An integer-valued float32 in ``[1, modulus)`` from the bits of (U, mu, d, valid)."""
-        words = tf.concat(
+    def _fingerprint_of(self, mean, d, valid) -> tf.Tensor:
+        """Two integer-valued float32 in ``[1, modulus)``: keyed hashes of the bits of (U, mu, d).
+
+        ``[0, 0]`` when the layer is exact (nothing to agree on).
+        """
+        parts = tf.strings.join(
             [
-                tf.reshape(tf.bitcast(basis, tf.uint16), [-1]),
-                tf.reshape(tf.bitcast(mean, tf.uint16), [-1]),
-            ],
-            axis=0,
+                tf.io.serialize_tensor(self.basis.read_value()),
+                tf.io.serialize_tensor(mean),
+                tf.io.serialize_tensor(tf.stack([d, valid])),
+            ]
         )
-        words = tf.cast(words, tf.int64)
-        weights = tf.range(tf.size(words, out_type=tf.int64), dtype=tf.int64) % 65521 + 1
-        digest = tf.reduce_sum(words * weights) + tf.cast(d, tf.int64) * 7919
-        digest += tf.cast(valid, tf.int64) * 104729
-        return tf.cast(tf.math.floormod(digest, self._modulus - 1) + 1, tf.float32)
+        hashes = [
+            tf.strings.to_hash_bucket_strong(parts, self._modulus - 1, key=key)
+            for key in ([0x5EED, 0x6A], [0xB0B, 0x1D3A])
+        ]
+        fingerprint = tf.cast(tf.stack(hashes) + 1, tf.float32)
+        return tf.where(valid > 0, fingerprint, tf.zeros([2], tf.float32))
+
+    def agreed_in_sum(self, summed_check: tf.Tensor) -> tf.Tensor:
+        """Whether a summed fingerprint pair equals ``N`` times the local one (bool)."""
+        expected = self.fingerprint.read_value() * self.context.num_replicas
+        return tf.reduce_all(tf.equal(summed_check, expected))
+
+
+def _top_directions(stack: tf.Tensor, width: int) -> tuple[tf.Tensor, tf.Tensor]:
+    """The top ``width`` singular values (descending) and unit right singular vectors of ``stack``.
+
+    From the eigen-decomposition of ``stack stack^T`` when it has fewer rows
+    than columns, else of ``stack^T stack``; float64; directions of zero
+    singular value are zero rows.
+    """
+    rows, columns = stack.shape.as_list()
+    if rows <= columns:
+        values, vectors = tf.linalg.eigh(tf.matmul(stack, stack, transpose_b=True))
+        values, vectors = values[::-1][:width], vectors[:, ::-1][:, :width]
+        directions = tf.matmul(vectors, stack, transpose_a=True)
+    else:
+        values, vectors = tf.linalg.eigh(tf.matmul(stack, stack, transpose_a=True))
+        values, vectors = values[::-1][:width], vectors[:, ::-1][:, :width]
+        directions = tf.transpose(vectors)
+    singular = tf.sqrt(tf.maximum(values, 0.0))
+    # Drop directions at rounding level: their rows would not be orthonormal.
+    keep = singular > singular[0] * 1e-6
+    singular = tf.where(keep, singular, 0.0)
+    norms = tf.norm(directions, axis=1, keepdims=True)
+    directions = tf.where(keep[:, None], tf.math.divide_no_nan(directions, norms), 0.0)
+    return singular, directions
 
 
 class _Branch(Compressor):
@@ -716,39 +1001,70 @@ class _Branch(Compressor):
 
 
 class _ExactBranch(_Branch):
-    """Branch 0: the gradient itself (summable); records it while sampling."""
+    """Branch 0 with exact sampling: the gradient itself (plus the residual) and the check."""
 
     summable = True
 
     def compress(self, x: tf.Tensor) -> Payload:
-        return self.layer.config.compress(x)
+        layer = self.layer
+        x = self._check_input(x)
+        values = layer.with_residual(x)
+        with tf.control_dependencies(layer.set_residual(None)):
+            check = tf.identity(layer.local_check())
+        return Payload(tensors={"values": values, "check": check}, **self._metadata(x))
 
     def decompress(self, payload: Payload) -> tf.Tensor:
-        return self.layer.record(payload.tensors["values"])
+        layer = self.layer
+        agreed = layer.agreed_in_sum(payload.tensors["check"])
+        return layer.record(payload.tensors["values"], agreed)
 
 
 class _SamplingBranch(_Branch):
-    """Branch 1 (with a sampling compressor): its payload; records the aggregate."""
+    """Branch 0 with a sampling compressor: its payload plus the check; records the aggregate."""
 
-    summable = False
+    @property
+    def summable(self) -> bool:  # type: ignore[override]
+        return self.layer._sampler.summable
 
     def compress(self, x: tf.Tensor) -> Payload:
-        return self.layer._sampler.compress(x)
+        layer = self.layer
+        x = self._check_input(x)
+        payload = layer._sampler.compress(layer.with_residual(x))
+        with tf.control_dependencies(layer.set_residual(None)):
+            check = tf.identity(layer.local_check())
+        return payload.replace({**payload.tensors, _CHECK: check})
 
     def decompress(self, payload: Payload) -> tf.Tensor:
-        return self.layer._sampler.decompress(payload)
+        layer = self.layer
+        decoded = layer._sampler.decompress(_without_check(payload))
+        if not self.summable:
+            return decoded
+        return layer.record(decoded, layer.agreed_in_sum(payload.tensors[_CHECK]))
 
     def aggregate(self, payloads: Sequence[Payload]) -> tf.Tensor:
-        return self.layer.record(self.layer._sampler.aggregate(payloads))
+        layer = self.layer
+        local = layer.local_check()
+        agreed = tf.reduce_all(
+            [tf.reduce_all(tf.equal(p.tensors[_CHECK], local)) for p in payloads]
+        )
+        total = layer._sampler.aggregate([_without_check(p) for p in payloads])
+        return layer.record(total, agreed)
+
+
+_CHECK = "gradiveq_check"
+
+
+def _without_check(payload: Payload) -> Payload:
+    return payload.replace({k: v for k, v in payload.tensors.items() if k != _CHECK})
 
 
 class _CompressedBranch(_Branch):
-    """The last branch: ``U_d^T (g_n - mu/N)`` per pack of slices, summed by all-reduce.
+    """Branch 1: ``U_d^T (g_n - mu/N)`` per pack of slices, summed by all-reduce.
 
-    No ``tf.cond``: a degenerate tensor has ``d = 0``, ``U = 0`` and
-    ``mu = 0``, and its pack tensors append the ``K`` raw rows, so one
-    formula serves both cases (conds inside a multi-device function cost a
-    function call each).
+    No ``tf.cond``: an exact layer (degenerate samples, or workers that did
+    not agree) has ``d = 0`` and ``mu = 0``, and its pack tensors append the
+    ``K`` raw rows, so one formula serves both cases (conds inside a
+    multi-device function cost a function call each).
     """
 
     summable = True
@@ -756,65 +1072,79 @@ class _CompressedBranch(_Branch):
     def compress(self, x: tf.Tensor) -> Payload:
         layer = self.layer
         x = self._check_input(x)
-        slices = layer.slices(x)
+        slices = layer.slices(layer.with_residual(x))
         k = layer.geometry[0]
         d = layer.components.read_value()
-        invalid = 1 - layer.valid.read_value()
-        basis = layer.basis[:, :d]
+        exact = 1 - layer.valid.read_value()
+        basis = layer.basis[:d]
         shift = layer.mean.read_value() / tf.constant(
             layer.context.num_replicas, layer.compute_dtype
         )
         tensors = {}
-        error = tf.constant(0.0, tf.float64)
+        captured = tf.constant(0.0, tf.float64)
+        residuals = []
         for p, (a, b) in enumerate(layer.pack_bounds):
             part = slices[a:b]
-            coefficients = tf.matmul(basis, part - shift, transpose_a=True, transpose_b=True)
-            raw = tf.transpose(part)[: k * invalid]  # [K, S_p] for a degenerate tensor, else empty
+            coefficients = tf.matmul(basis, part - shift, transpose_b=True)
+            raw = tf.transpose(part)[: k * exact]  # [K, S_p] for an exact layer, else empty
             tensors[f"coefficients_{p}"] = tf.concat([coefficients, raw], axis=0)
-            if layer.config.refresh_threshold is not None:
-                residual = part - tf.transpose(tf.matmul(basis, coefficients)) - shift
-                error += tf.reduce_sum(tf.square(tf.cast(residual, tf.float64)))
-        check = [layer.fingerprint.read_value()]
-        if layer.config.refresh_threshold is not None:
-            norm = tf.reduce_sum(tf.square(tf.cast(slices, tf.float64)))
-            relative = tf.math.divide_no_nan(tf.sqrt(error), tf.sqrt(norm))
-            check.append(tf.cast(relative, tf.float32) * tf.cast(1 - invalid, tf.float32))
-        tensors["check"] = tf.stack(check)
+            captured += tf.reduce_sum(tf.square(tf.cast(coefficients, tf.float64)))
+            if layer.residual is not None:
+                kept = tf.matmul(coefficients, basis, transpose_a=True) + shift
+                residuals.append((part - kept) * tf.cast(1 - exact, part.dtype))
+        centred = tf.reduce_sum(tf.square(tf.cast(slices - shift, tf.float64)))
+        norm = tf.reduce_sum(tf.square(tf.cast(slices, tf.float64)))
+        # ||g - (U c + mu/N)||^2 = ||g - mu/N||^2 - ||c||^2 for orthonormal rows of U.
+        relative = tf.sqrt(tf.math.divide_no_nan(tf.maximum(centred - captured, 0.0), norm))
+        relative = tf.cast(relative, tf.float32) * tf.cast(1 - exact, tf.float32)
+        dependencies = []
+        if residuals:
+            dependencies = layer.set_residual(tf.concat(residuals, axis=0))
+        with tf.control_dependencies(dependencies):
+            tensors["check"] = tf.concat([layer.local_check(), relative[None]], axis=0)
         return Payload(tensors=tensors, **self._metadata(x))
 
     def decompress(self, payload: Payload) -> tf.Tensor:
         layer = self.layer
         replicas = layer.context.num_replicas
         check = payload.tensors["check"]
-        expected = layer.fingerprint.read_value() * replicas
         same = tf.raw_ops.Assert(
-            condition=tf.equal(check[0], expected),
+            condition=layer.agreed_in_sum(check[:2]),
             data=[
                 tf.constant(
                     f"GradiVeQ: the basis (U, mu, d) of tensor {layer.context.key} differs "
-                    "across workers (sum of fingerprints != N x local fingerprint); the workers "
-                    "fitted different bases and their coefficients cannot be summed"
+                    "across workers (sum of fingerprints != N x local fingerprint) although "
+                    "they agreed at the end of sampling: the state was changed on one worker "
+                    "(e.g. restored from another checkpoint); their coefficients cannot be "
+                    "summed"
                 )
             ],
         )
         k = layer.geometry[0]
         d = layer.components.read_value()
-        basis = layer.basis[:, :d]
+        basis = layer.basis[:d]
         mean = layer.mean.read_value()
         parts = []
         for p in range(len(layer.pack_bounds)):
             summed = payload.tensors[f"coefficients_{p}"]
             raw = summed[d:]
             raw = tf.pad(raw, [[0, k - tf.shape(raw)[0]], [0, 0]])
-            parts.append(tf.matmul(basis, summed[:d]) + mean[:, None] + raw)
+            parts.append(tf.matmul(basis, summed[:d], transpose_a=True) + mean[:, None] + raw)
         slices = tf.transpose(tf.concat(parts, axis=1) if len(parts) > 1 else parts[0])
+        mean_error = check[2] / replicas
         dependencies = _ops(same) if same is not None else []
+        dependencies += _ops(layer.error.assign(mean_error))
         if layer.config.refresh_threshold is not None:
-            mean_error = check[1] / replicas
             refresh = layer.schedule_.request_refresh(mean_error > layer.config.refresh_threshold)
             dependencies += _ops(refresh)
         with tf.control_dependencies(dependencies):
             return tf.identity(layer.unslice(slices, payload))
+
+
+def _after(operations: list) -> tf.Tensor:
+    """An int32 constant that runs after ``operations`` (for ``tf.cond`` branches)."""
+    with tf.control_dependencies([o for o in operations if o is not None]):
+        return tf.constant(1, tf.int32)
 
 
 def _ops(*results) -> list:
