@@ -274,7 +274,8 @@ def test_heldout_rank_choice_recovers_the_true_rank(rank):
     u, mu = basis_of(layer), layer.mean.numpy().astype(np.float64)
     reconstructed = (u @ (u.T @ (held - mu).T)).T + mu
     want = np.linalg.norm(held - reconstructed) / np.linalg.norm(held)
-    assert metrics["gradiveq_heldout_error"] == pytest.approx(want, rel=1e-3)
+    # (a small difference of float32 energies: ~1e-7 of the energy, so 2% of this error)
+    assert metrics["gradiveq_heldout_error"] == pytest.approx(want, rel=2e-2)
 
 
 def test_two_sampling_steps_use_the_energy_rule_on_the_sketch():

@@ -124,6 +124,10 @@ def test_keras_fit_in_process_switches_and_trains():
         np.testing.assert_array_equal(a.basis.numpy(), b.basis.numpy())
     metrics = tfcompress.distribute.compression_metrics(strategy)
     assert metrics["gradiveq_refreshes"] == 2
+    # what CompressionMonitor shows: the held-out error of the fit, the fresh-gradient
+    # error of the last compressed step, the mismatch count
+    assert metrics["gradiveq_heldout_error"] > 0 and metrics["gradiveq_error"] > 0
+    assert metrics["gradiveq_mismatches"] == 0
     assert 0.0 < metrics["gradiveq_kept_energy"] <= 1.0
     assert 1 <= metrics["gradiveq_components"] <= 2 * 3  # at most F * S = 2 * 3 (conv 2)
     assert np.isfinite(history.history["loss"]).all()

@@ -791,45 +791,99 @@ class GradiVeQLayer(Compressor):
         full = tf.logical_or(last, filled + m >= self.buffer_rows)
         with tf.control_dependencies(_ops(stored, filled_now)):
             folded = tf.cond(full, self._fold, lambda: tf.constant(0, tf.int32))
-        if self.config.sampling_steps >= 3:  # d is chosen on the held-out step
-            return folded
         with tf.control_dependencies([folded]):
+            finished = tf.cond(last, self._orthonormalise, lambda: tf.constant(0, tf.int32))
+        if self.config.sampling_steps >= 3:  # d is chosen on the held-out step
+            return finished
+        with tf.control_dependencies([finished]):
             return tf.cond(last, self._finish_fit, lambda: tf.constant(0, tf.int32))
+
+    def _orthonormalise(self) -> tf.Tensor:
+        """Makes the sketch's directions exactly orthonormal (QR), in their order.
+
+        Folds compute the directions from a Gram matrix: the strong ones are
+        accurate, but weak ones may be slightly off orthogonal, and the
+        projection ``U_d U_d^T`` of the compressed steps needs orthonormal
+        rows. Householder QR keeps the span of the first ``i`` directions
+        for every ``i``; directions of zero singular value stay zero.
+        """
+        basis = self.basis.read_value()
+        q, r = tf.linalg.qr(tf.transpose(basis))
+        signs = tf.where(tf.linalg.diag_part(r) < 0, -1.0, 1.0)
+        live = tf.cast(self.singular.read_value() > 0, basis.dtype)
+        rows = tf.transpose(q) * tf.cast(signs, basis.dtype)[:, None] * live[:, None]
+        with tf.control_dependencies(_ops(self.basis.assign(rows))):
+            return tf.constant(1, tf.int32)
 
     def _fold(self) -> tf.Tensor:
         """One incremental-PCA update of the sketch with the buffered rows.
 
-        With ``n`` rows so far (mean ``mu``, sketch ``diag(sigma) V``) and ``b``
-        new rows ``Y`` (mean ``m_Y``), the right singular vectors and values
-        of ``[diag(sigma) V; Y - m_Y; sqrt(n b / (n + b)) (mu - m_Y)]`` are the
-        principal directions of all ``n + b`` centred rows (Ross et al. 2008);
-        the top ``l`` are kept. They come from the eigenvectors of the small
-        Gram matrix of that stack, in float64.
+        With ``n`` rows so far (mean ``mu``, sketch ``diag(sigma) V``, ``V``
+        orthonormal) and ``b`` new rows ``Y`` (mean ``m_Y``), the right
+        singular vectors and values of ``A = [diag(sigma) V; N]``, ``N = [Y -
+        m_Y; sqrt(n b / (n + b)) (mu - m_Y)]``, are the principal directions
+        of all ``n + b`` centred rows (Ross et al. 2008); the top ``l`` are
+        kept. They come from the eigenvectors ``W`` of the small Gram matrix
+        ``A A^T = [[diag(sigma^2), diag(sigma) V N^T], [N V^T diag(sigma),
+        N N^T]]`` (float64; only ``V N^T`` and ``N N^T`` touch ``K``), as the
+        normalised rows of ``W^T A``. When ``A`` has more rows than ``K``, from
+        the eigenvectors of ``A^T A`` instead.
         """
         cdt = self.compute_dtype
-        b = tf.cast(self.filled.read_value(), tf.float64)
+        filled = self.filled.read_value()
+        b = tf.cast(filled, tf.float64)
         n = self.count.read_value()
-        rows = self.buffer.read_value()
-        mask = tf.cast(tf.range(self.buffer_rows) < self.filled.read_value(), tf.float64)[:, None]
-        rows64 = tf.cast(rows, tf.float64) * mask
-        batch_mean = tf.reduce_sum(rows64, axis=0) / tf.maximum(b, 1.0)
-        mean = tf.cast(self.mean.read_value(), tf.float64)
-        scale = tf.sqrt(tf.math.divide_no_nan(n * b, n + b))
-        old = (
-            tf.cast(self.basis.read_value(), tf.float64)
-            * tf.where(n > 0, self.singular.read_value(), tf.zeros_like(self.singular))[:, None]
+        mask = tf.cast(tf.range(self.buffer_rows) < filled, cdt)[:, None]
+        rows = self.buffer.read_value() * mask
+        batch_mean = tf.reduce_sum(rows, axis=0) / tf.cast(tf.maximum(b, 1.0), cdt)
+        mean = self.mean.read_value()
+        scale = tf.cast(tf.sqrt(tf.math.divide_no_nan(n * b, n + b)), cdt)
+        new = tf.concat([(rows - batch_mean) * mask, (scale * (mean - batch_mean))[None]], axis=0)
+        singular = tf.where(n > 0, self.singular.read_value(), tf.zeros_like(self.singular))
+        basis = self.basis.read_value()
+        finite = tf.reduce_all(tf.math.is_finite(new))
+        new = tf.where(finite, new, tf.zeros_like(new))
+        width, k = self.width, self.geometry[0]
+        in_k_space = width + self.buffer_rows + 1 > k  # A^T A ([K, K]) in float64
+        if not in_k_space:
+            cross = tf.cast(tf.matmul(basis, new, transpose_b=True), tf.float64) * singular[:, None]
+            gram = tf.concat(
+                [
+                    tf.concat([tf.linalg.diag(tf.square(singular)), cross], axis=1),
+                    tf.concat(
+                        [
+                            tf.transpose(cross),
+                            tf.cast(tf.matmul(new, new, transpose_b=True), tf.float64),
+                        ],
+                        axis=1,
+                    ),
+                ],
+                axis=0,
+            )
+            values, vectors = tf.linalg.eigh(gram)
+            values, vectors = values[::-1][:width], vectors[:, ::-1][:, :width]
+            weights = tf.cast(vectors, cdt)  # [l + B + 1, l]
+            old_weights = weights[:width] * tf.cast(singular, cdt)[:, None]
+            directions = tf.matmul(old_weights, basis, transpose_a=True) + tf.matmul(
+                weights[width:], new, transpose_a=True
+            )
+        else:
+            old = tf.cast(basis, tf.float64) * singular[:, None]
+            stack = tf.concat([old, tf.cast(new, tf.float64)], axis=0)
+            values, vectors = tf.linalg.eigh(tf.matmul(stack, stack, transpose_a=True))
+            values, vectors = values[::-1][:width], vectors[:, ::-1][:, :width]
+            directions = tf.cast(tf.transpose(vectors), cdt)
+        floor = 1e-6 if in_k_space or cdt == tf.float64 else 1e-4
+        singular, directions = _unit_directions(values, directions, floor)
+        new_mean = tf.where(
+            n > 0,
+            (tf.cast(n, cdt) * mean + tf.cast(b, cdt) * batch_mean) / tf.cast(n + b, cdt),
+            batch_mean,
         )
-        stack = tf.concat(
-            [old, (rows64 - batch_mean) * mask, (scale * (mean - batch_mean))[None]], axis=0
-        )
-        finite = tf.reduce_all(tf.math.is_finite(stack))
-        stack = tf.where(finite, stack, tf.zeros_like(stack))
-        singular, directions = _top_directions(stack, self.width)
-        new_mean = tf.where(n > 0, (n * mean + b * batch_mean) / (n + b), batch_mean)
         assigns = [
-            self.basis.assign(tf.cast(directions, cdt)),
+            self.basis.assign(directions),
             self.singular.assign(singular),
-            self.mean.assign(tf.cast(tf.where(finite, new_mean, tf.zeros_like(mean)), cdt)),
+            self.mean.assign(tf.where(finite, new_mean, tf.zeros_like(mean))),
             self.count.assign(n + b),
             self.filled.assign(0),
             self.degenerate.assign(tf.maximum(self.degenerate, tf.cast(~finite, tf.int32))),
@@ -965,29 +1019,22 @@ class GradiVeQLayer(Compressor):
         return tf.reduce_all(tf.equal(summed_check, expected))
 
 
-def _top_directions(stack: tf.Tensor, width: int) -> tuple[tf.Tensor, tf.Tensor]:
-    """The top ``width`` singular values (descending) and unit right singular vectors of ``stack``.
+def _unit_directions(
+    values: tf.Tensor, directions: tf.Tensor, floor: float
+) -> tuple[tf.Tensor, tf.Tensor]:
+    """Singular values ``sqrt(values)`` (descending, float64) and the directions as unit rows.
 
-    From the eigen-decomposition of ``stack stack^T`` when it has fewer rows
-    than columns, else of ``stack^T stack``; float64; directions of zero
-    singular value are zero rows.
+    Directions whose singular value is below ``floor`` times the largest
+    (1e-4 for directions computed in float32, 1e-6 in float64) carry a
+    negligible share of the energy and, computed from a Gram matrix, are not
+    accurately orthogonal: they become zero rows with a zero singular value.
     """
-    rows, columns = stack.shape.as_list()
-    if rows <= columns:
-        values, vectors = tf.linalg.eigh(tf.matmul(stack, stack, transpose_b=True))
-        values, vectors = values[::-1][:width], vectors[:, ::-1][:, :width]
-        directions = tf.matmul(vectors, stack, transpose_a=True)
-    else:
-        values, vectors = tf.linalg.eigh(tf.matmul(stack, stack, transpose_a=True))
-        values, vectors = values[::-1][:width], vectors[:, ::-1][:, :width]
-        directions = tf.transpose(vectors)
     singular = tf.sqrt(tf.maximum(values, 0.0))
-    # Drop directions at rounding level: their rows would not be orthonormal.
-    keep = singular > singular[0] * 1e-6
+    keep = singular > singular[0] * floor
     singular = tf.where(keep, singular, 0.0)
     norms = tf.norm(directions, axis=1, keepdims=True)
-    directions = tf.where(keep[:, None], tf.math.divide_no_nan(directions, norms), 0.0)
-    return singular, directions
+    unit = tf.math.divide_no_nan(directions, norms)
+    return singular, tf.where(keep[:, None], unit, tf.zeros_like(unit))
 
 
 class _Branch(Compressor):
