@@ -131,6 +131,11 @@ __all__ = ["GradiVeQ", "GradiVeQSchedule", "slice_geometry"]
 _TARGET_SLICE = 512
 _SAMPLINGS = ("exact", "qsgd")
 _PAPER_SCHEDULE = (2500, 100, 400)
+# The sketch width l by default: at most 64 directions, and a basis of at most
+# 8 times the gradient (l <= 8 S): on ResNet-18's 3x3 kernels (S = 3) 64
+# directions made the basis 21x the model and the fits compute-bound.
+_DEFAULT_WIDTH = 64
+_BASIS_PER_GRADIENT = 8
 
 
 def _is_int(value) -> bool:
@@ -311,7 +316,9 @@ class GradiVeQ(Compressor):
         ``||g_n - (U_d g'_n + mu/N)|| / ||g_n||`` exceeds it, the next
         aggregation starts a new block. ``None``: off.
       max_components: the sketch width ``l`` (cap on ``d`` and on the basis,
-        ``l * K`` values per tensor); ``None``: ``min(K, F m)``.
+        ``l * K`` values per tensor); ``None``: ``min(64, 8 S)``, so the basis
+        is at most 8 times the gradient. Always capped by ``K`` and the ``F m``
+        fitted rows.
       sample_slices: slices used per tensor and sampling step (the first
         ones); ``None`` uses all ``S``; 1 is the paper's first-slice choice.
       packs: the coefficients of a tensor travel as up to this many tensors
@@ -329,7 +336,7 @@ class GradiVeQ(Compressor):
 
     Defaults: 100 warm-up, 40 sampling and 60 compressed steps, for runs of a
     few hundred steps (the paper's 2500/100/400 is ``GradiVeQ.paper()``),
-    4-bit QSGD sampling, a sketch of at most 64 directions. With warm-up 50 and
+    4-bit QSGD sampling, a sketch of at most ``min(64, 8 S)`` directions. With warm-up 50 and
     blocks of 20 sampling + 80 compressed steps, 2 workers training a small
     Fashion-MNIST CNN for 300 steps matched the uncompressed accuracy (0.824
     vs 0.8215) with 6.8x fewer bytes sent over the whole run
@@ -367,7 +374,7 @@ class GradiVeQ(Compressor):
         compressed_steps: int = 60,
         sampling: str | Compressor = "qsgd",
         refresh_threshold: float | None = None,
-        max_components: int | None = 64,
+        max_components: int | None = None,
         sample_slices: int | None = None,
         packs: int = 1,
         seed: int = 0,
@@ -579,7 +586,10 @@ class GradiVeQLayer(Compressor):
         self.slice_length, self.num_slices = k, s
         m = s if config.sample_slices is None else min(config.sample_slices, s)
         self.rows_per_sample = m
-        self.width = min(k, config.fit_steps * m, config.max_components or k)
+        cap = config.max_components
+        if cap is None:  # the basis holds at most _BASIS_PER_GRADIENT times the gradient
+            cap = min(_DEFAULT_WIDTH, _BASIS_PER_GRADIENT * s)
+        self.width = min(k, config.fit_steps * m, cap)
         # At most twice the gradient's elements (m K <= S K < size + K <= 2 size).
         self.buffer_rows = m * max(1, (2 * self.size) // (m * k))
         self.compute_dtype = tf.float64 if context.dtype == tf.float64 else tf.float32
@@ -862,19 +872,21 @@ class GradiVeQLayer(Compressor):
             )
             values, vectors = tf.linalg.eigh(gram)
             values, vectors = values[::-1][:width], vectors[:, ::-1][:, :width]
-            weights = tf.cast(vectors, cdt)  # [l + B + 1, l]
+            # Row i of W^T A has norm sigma_i: scale W's columns by 1 / sigma_i
+            # (0 for dropped directions) so that one pass writes unit rows.
+            values, scale = _kept(values, floor=1e-6 if cdt == tf.float64 else 1e-4)
+            weights = tf.cast(vectors * scale[None, :], cdt)  # [l + B + 1, l]
             old_weights = weights[:width] * tf.cast(singular, cdt)[:, None]
-            directions = tf.matmul(old_weights, basis, transpose_a=True) + tf.matmul(
-                weights[width:], new, transpose_a=True
-            )
+            directions = tf.matmul(old_weights, basis, transpose_a=True)
+            directions += tf.matmul(weights[width:], new, transpose_a=True)
         else:
             old = tf.cast(basis, tf.float64) * singular[:, None]
             stack = tf.concat([old, tf.cast(new, tf.float64)], axis=0)
             values, vectors = tf.linalg.eigh(tf.matmul(stack, stack, transpose_a=True))
             values, vectors = values[::-1][:width], vectors[:, ::-1][:, :width]
-            directions = tf.cast(tf.transpose(vectors), cdt)
-        floor = 1e-6 if in_k_space or cdt == tf.float64 else 1e-4
-        singular, directions = _unit_directions(values, directions, floor)
+            values, scale = _kept(values, floor=1e-6)
+            directions = tf.cast(tf.transpose(vectors * tf.sign(scale)[None, :]), cdt)
+        singular = tf.sqrt(values)
         new_mean = tf.where(
             n > 0,
             (tf.cast(n, cdt) * mean + tf.cast(b, cdt) * batch_mean) / tf.cast(n + b, cdt),
@@ -1019,22 +1031,19 @@ class GradiVeQLayer(Compressor):
         return tf.reduce_all(tf.equal(summed_check, expected))
 
 
-def _unit_directions(
-    values: tf.Tensor, directions: tf.Tensor, floor: float
-) -> tuple[tf.Tensor, tf.Tensor]:
-    """Singular values ``sqrt(values)`` (descending, float64) and the directions as unit rows.
+def _kept(values: tf.Tensor, floor: float) -> tuple[tf.Tensor, tf.Tensor]:
+    """Eigenvalues ``values`` (descending) with the negligible ones zeroed, and ``1 / sqrt``.
 
-    Directions whose singular value is below ``floor`` times the largest
-    (1e-4 for directions computed in float32, 1e-6 in float64) carry a
-    negligible share of the energy and, computed from a Gram matrix, are not
-    accurately orthogonal: they become zero rows with a zero singular value.
+    Directions whose singular value ``sqrt(value)`` is below ``floor`` times
+    the largest (1e-4 for directions computed in float32, 1e-6 in float64)
+    carry a negligible share of the energy and, computed from a Gram matrix,
+    are not accurately orthogonal: they become zero rows with a zero
+    singular value.
     """
-    singular = tf.sqrt(tf.maximum(values, 0.0))
-    keep = singular > singular[0] * floor
-    singular = tf.where(keep, singular, 0.0)
-    norms = tf.norm(directions, axis=1, keepdims=True)
-    unit = tf.math.divide_no_nan(directions, norms)
-    return singular, tf.where(keep[:, None], unit, tf.zeros_like(unit))
+    values = tf.maximum(values, 0.0)
+    keep = values > values[0] * floor**2
+    values = tf.where(keep, values, 0.0)
+    return values, tf.where(keep, tf.math.rsqrt(tf.where(keep, values, 1.0)), 0.0)
 
 
 class _Branch(Compressor):
@@ -1123,7 +1132,9 @@ class _CompressedBranch(_Branch):
         k = layer.geometry[0]
         d = layer.components.read_value()
         exact = 1 - layer.valid.read_value()
-        basis = layer.basis[:d]
+        # All l rows (rows past d are computed and dropped): slicing the first d
+        # rows of the variable would copy the basis, often larger than the gradient.
+        basis = layer.basis.read_value()
         shift = layer.mean.read_value() / tf.constant(
             layer.context.num_replicas, layer.compute_dtype
         )
@@ -1132,12 +1143,13 @@ class _CompressedBranch(_Branch):
         residuals = []
         for p, (a, b) in enumerate(layer.pack_bounds):
             part = slices[a:b]
-            coefficients = tf.matmul(basis, part - shift, transpose_b=True)
+            coefficients = tf.matmul(basis, part - shift, transpose_b=True)[:d]
             raw = tf.transpose(part)[: k * exact]  # [K, S_p] for an exact layer, else empty
             tensors[f"coefficients_{p}"] = tf.concat([coefficients, raw], axis=0)
             captured += tf.reduce_sum(tf.square(tf.cast(coefficients, tf.float64)))
             if layer.residual is not None:
-                kept = tf.matmul(coefficients, basis, transpose_a=True) + shift
+                kept = tf.matmul(_pad_rows(coefficients, layer.width), basis, transpose_a=True)
+                kept += shift
                 residuals.append((part - kept) * tf.cast(1 - exact, part.dtype))
         centred = tf.reduce_sum(tf.square(tf.cast(slices - shift, tf.float64)))
         norm = tf.reduce_sum(tf.square(tf.cast(slices, tf.float64)))
@@ -1169,14 +1181,15 @@ class _CompressedBranch(_Branch):
         )
         k = layer.geometry[0]
         d = layer.components.read_value()
-        basis = layer.basis[:d]
+        basis = layer.basis.read_value()
         mean = layer.mean.read_value()
         parts = []
         for p in range(len(layer.pack_bounds)):
             summed = payload.tensors[f"coefficients_{p}"]
             raw = summed[d:]
             raw = tf.pad(raw, [[0, k - tf.shape(raw)[0]], [0, 0]])
-            parts.append(tf.matmul(basis, summed[:d], transpose_a=True) + mean[:, None] + raw)
+            coefficients = _pad_rows(summed[:d], layer.width)
+            parts.append(tf.matmul(basis, coefficients, transpose_a=True) + mean[:, None] + raw)
         slices = tf.transpose(tf.concat(parts, axis=1) if len(parts) > 1 else parts[0])
         mean_error = check[2] / replicas
         dependencies = _ops(same) if same is not None else []
@@ -1186,6 +1199,11 @@ class _CompressedBranch(_Branch):
             dependencies += _ops(refresh)
         with tf.control_dependencies(dependencies):
             return tf.identity(layer.unslice(slices, payload))
+
+
+def _pad_rows(coefficients: tf.Tensor, rows: int) -> tf.Tensor:
+    """``coefficients`` (``[d, S]``) zero-padded to ``rows`` rows, for the full basis."""
+    return tf.pad(coefficients, [[0, rows - tf.shape(coefficients)[0]], [0, 0]])
 
 
 def _after(operations: list) -> tf.Tensor:
