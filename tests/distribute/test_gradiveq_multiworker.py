@@ -117,9 +117,7 @@ def test_packs_of_tensors_give_the_same_sums_as_one_pack():
         def step(t, strategy=strategy):
             def replica_fn():
                 replica = tf.distribute.get_replica_context().replica_id_in_sync_group
-                return tf.distribute.get_replica_context().all_reduce(
-                    "sum", gradients(t, replica)
-                )
+                return tf.distribute.get_replica_context().all_reduce("sum", gradients(t, replica))
 
             return strategy.run(replica_fn)
 

@@ -1139,20 +1139,22 @@ class _CompressedBranch(_Branch):
             layer.context.num_replicas, layer.compute_dtype
         )
         tensors = {}
-        captured = tf.constant(0.0, tf.float64)
+        captured = tf.constant(0.0, layer.compute_dtype)
         residuals = []
         for p, (a, b) in enumerate(layer.pack_bounds):
             part = slices[a:b]
             coefficients = tf.matmul(basis, part - shift, transpose_b=True)[:d]
-            raw = tf.transpose(part)[: k * exact]  # [K, S_p] for an exact layer, else empty
+            # [K, S_p] for an exact layer, else [0, S_p] (no transposed copy of the slices)
+            raw = tf.transpose(part[:, : k * exact])
             tensors[f"coefficients_{p}"] = tf.concat([coefficients, raw], axis=0)
-            captured += tf.reduce_sum(tf.square(tf.cast(coefficients, tf.float64)))
+            captured += tf.reduce_sum(tf.square(coefficients))
             if layer.residual is not None:
                 kept = tf.matmul(_pad_rows(coefficients, layer.width), basis, transpose_a=True)
                 kept += shift
                 residuals.append((part - kept) * tf.cast(1 - exact, part.dtype))
-        centred = tf.reduce_sum(tf.square(tf.cast(slices - shift, tf.float64)))
-        norm = tf.reduce_sum(tf.square(tf.cast(slices, tf.float64)))
+        # In the compute dtype: a monitoring figure, not worth float64 copies of g.
+        centred = tf.reduce_sum(tf.square(slices - shift))
+        norm = tf.reduce_sum(tf.square(slices))
         # ||g - (U c + mu/N)||^2 = ||g - mu/N||^2 - ||c||^2 for orthonormal rows of U.
         relative = tf.sqrt(tf.math.divide_no_nan(tf.maximum(centred - captured, 0.0), norm))
         relative = tf.cast(relative, tf.float32) * tf.cast(1 - exact, tf.float32)
