@@ -436,8 +436,12 @@ def worker_main(argv: list[str]) -> int:
                 phases=phases,
             )
         timeline = tfcompress.distribute.aggregation_timeline(strategy)
+        # The compressors' own figures after the timed calls (GradiVeQ: d, errors,
+        # mismatches), averaged over tensors.
+        quality = tfcompress.distribute.compression_metrics(strategy) if compressor else {}
         return {
             **row,
+            "metrics": {name: float(value) for name, value in quality.items()},
             "packs": int(len(timeline)),
             "timeline": [[float(t) for t in pack] for pack in timeline],
         }
@@ -446,6 +450,13 @@ def worker_main(argv: list[str]) -> int:
         if task == 0:
             same = f" (= {row['same_as']})" if row.get("same_as") else ""
             block = f" ({_block_cell(row)} ms)" if row.get("phases") else ""
+            if "gradiveq_mismatches" in row.get("metrics", {}):
+                metrics = row["metrics"]
+                block += (
+                    f"; d {metrics['gradiveq_components']:.1f}, error "
+                    f"{metrics['gradiveq_error']:.3f}, mismatches "
+                    f"{metrics['gradiveq_mismatches']:.2f} (means over tensors)"
+                )
             print(
                 f"{_PROGRESS}{label} / {setting}{same}: {1000 * row['seconds']:.0f} ms{block}",
                 file=sys.stderr,
