@@ -128,7 +128,7 @@ class SignSGD(Compressor):
             ]
         )
         scales = [tf.cast(self._scale_of(p, checked=True), compute_dtype) for p in payloads]
-        total_scale = tf.add_n(scales)
+        total_scale = tf.reduce_sum(tf.stack(scales), axis=0)  # in worker order (base.aggregate)
         combined = tf.cast(tf.sign(votes) * total_scale, first.dtype)
         return self._restore_shape(combined, first)
 
