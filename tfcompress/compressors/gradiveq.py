@@ -909,14 +909,19 @@ class GradiVeQLayer(Compressor):
         total = tf.reduce_sum(energy)
         ok = tf.logical_and(tf.equal(self.degenerate.read_value(), 0), total > 0)
         cumulative = tf.cumsum(energy) / tf.where(ok, total, 1.0)
+        d = self._components_for(cumulative, 1.0, tf.reduce_sum(tf.cast(energy > 0, tf.int32)))
+        kept = tf.gather(cumulative, tf.maximum(d - 1, 0))
+        return self._set_fit(ok, d, tf.cast(kept, tf.float32), tf.constant(0.0, tf.float32))
+
+    def _components_for(self, cumulative, reachable, rank) -> tf.Tensor:
+        """``d``: ``components`` if given, else the fewest with ``cumulative[d - 1] >=
+        (1 - energy_loss) reachable``; at most ``rank`` (``cumulative`` is non-decreasing)."""
         if self.config.components is not None:
             d = tf.constant(min(self.config.components, self.width), tf.int32)
         else:
-            below = tf.reduce_sum(tf.cast(cumulative < 1.0 - self.config.energy_loss, tf.int32))
-            d = tf.minimum(below + 1, self.width)
-        d = tf.minimum(d, tf.reduce_sum(tf.cast(energy > 0, tf.int32)))
-        kept = tf.gather(cumulative, tf.maximum(d - 1, 0))
-        return self._set_fit(ok, d, tf.cast(kept, tf.float32), tf.constant(0.0, tf.float32))
+            target = (1.0 - self.config.energy_loss) * reachable
+            d = tf.reduce_sum(tf.cast(cumulative < target, tf.int32)) + 1
+        return tf.minimum(tf.minimum(d, self.width), rank)
 
     def _choose_on_heldout(self, total: tf.Tensor) -> tf.Tensor:
         """``d``: the fewest components that capture ``1 - energy_loss`` of what all ``l`` do.
@@ -934,12 +939,7 @@ class GradiVeQLayer(Compressor):
         )
         rank = tf.reduce_sum(tf.cast(self.singular.read_value() > 0, tf.int32))
         reachable = tf.gather(captured, tf.maximum(rank - 1, 0))
-        if self.config.components is not None:
-            d = tf.constant(min(self.config.components, self.width), tf.int32)
-        else:
-            enough = captured >= (1.0 - self.config.energy_loss) * reachable
-            d = tf.cast(tf.argmax(tf.cast(enough, tf.int32)), tf.int32) + 1
-        d = tf.minimum(d, rank)
+        d = self._components_for(captured, reachable, rank)
         captured_d = tf.where(d > 0, tf.gather(captured, tf.maximum(d - 1, 0)), 0.0)
         energy = tf.reduce_sum(tf.square(centred))
         norm = tf.reduce_sum(tf.square(rows))
