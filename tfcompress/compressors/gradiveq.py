@@ -592,6 +592,8 @@ class GradiVeQLayer(Compressor):
         self.width = min(k, config.fit_steps * m, cap)
         # At most twice the gradient's elements (m K <= S K < size + K <= 2 size).
         self.buffer_rows = m * max(1, (2 * self.size) // (m * k))
+        # Rows per incremental-PCA update (see _fold): about twice the sketch.
+        self.fold_rows = min(self.buffer_rows, max(2 * self.width, 16))
         self.compute_dtype = tf.float64 if context.dtype == tf.float64 else tf.float32
         self.pack_bounds = [
             (int(a[0]), int(a[-1]) + 1)
@@ -809,24 +811,94 @@ class GradiVeQLayer(Compressor):
             return tf.cond(last, self._finish_fit, lambda: tf.constant(0, tf.int32))
 
     def _orthonormalise(self) -> tf.Tensor:
-        """Makes the sketch's directions exactly orthonormal (QR), in their order.
+        """Makes the sketch's directions exactly orthonormal, in their order.
 
         Folds compute the directions from a Gram matrix: the strong ones are
         accurate, but weak ones may be slightly off orthogonal, and the
         projection ``U_d U_d^T`` of the compressed steps needs orthonormal
-        rows. Householder QR keeps the span of the first ``i`` directions
-        for every ``i``; directions of zero singular value stay zero.
+        rows. Cholesky QR, twice (``G = U U^T = L L^T``, ``U <- L^{-1} U``;
+        Fukaya et al. 2014): Gram-Schmidt in the rows' order, so the span of
+        the first ``i`` directions is kept for every ``i``, with two matrix
+        products over ``K`` per pass (Householder QR of ``U^T`` is an order of
+        magnitude slower for ``K`` of a million). Rows of zero singular value
+        stay zero. Should a Cholesky factor fail (rows nearly dependent, which
+        the fold's floor on singular values rules out), Householder QR is used.
         """
         basis = self.basis.read_value()
-        q, r = tf.linalg.qr(tf.transpose(basis))
-        signs = tf.where(tf.linalg.diag_part(r) < 0, -1.0, 1.0)
-        live = tf.cast(self.singular.read_value() > 0, basis.dtype)
-        rows = tf.transpose(q) * tf.cast(signs, basis.dtype)[:, None] * live[:, None]
+        cdt = basis.dtype
+        live = tf.cast(self.singular.read_value() > 0, tf.float64)
+
+        def cholesky_pass(rows: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+            gram = tf.cast(tf.matmul(rows, rows, transpose_b=True), tf.float64)
+            factor = tf.linalg.cholesky(gram + tf.linalg.diag(1.0 - live))
+            inverse = tf.linalg.triangular_solve(
+                factor, tf.eye(self.width, dtype=tf.float64), lower=True
+            )
+            ok = tf.reduce_all(tf.math.is_finite(inverse))
+            inverse = tf.where(ok, inverse, tf.eye(self.width, dtype=tf.float64))
+            return tf.matmul(tf.cast(inverse, cdt), rows), ok
+
+        once, first_ok = cholesky_pass(basis)
+        twice, second_ok = cholesky_pass(once)
+
+        def householder() -> tf.Tensor:
+            q, r = tf.linalg.qr(tf.transpose(basis))
+            signs = tf.where(tf.linalg.diag_part(r) < 0, -1.0, 1.0)
+            return tf.transpose(q) * tf.cast(signs, cdt)[:, None]
+
+        rows = tf.cond(tf.logical_and(first_ok, second_ok), lambda: twice, householder)
+        rows *= tf.cast(live, cdt)[:, None]
         with tf.control_dependencies(_ops(self.basis.assign(rows))):
             return tf.constant(1, tf.int32)
 
     def _fold(self) -> tf.Tensor:
-        """One incremental-PCA update of the sketch with the buffered rows.
+        """Folds the buffered rows into the sketch, ``fold_rows`` rows at a time.
+
+        Small folds are what keeps the fit cheap: one fold of ``b`` rows costs
+        ``O((l + b) l K)`` for the Gram and the rotation plus ``O((l + b)^3)``
+        for the eigendecomposition, so per row the cost grows with ``b``; with
+        ``b = 2 l`` it is several times below one fold of the whole buffer.
+        """
+        filled = self.filled.read_value()
+        buffer = self.buffer.read_value()
+        chunk = self.fold_rows
+        chunks = (filled + chunk - 1) // chunk
+
+        def body(i, basis, singular, mean, n, finite):
+            start = i * chunk
+            rows = buffer[start : start + chunk]
+            rows = tf.pad(rows, [[0, chunk - tf.shape(rows)[0]], [0, 0]])
+            rows = tf.ensure_shape(rows, [chunk, self.geometry[0]])
+            b = tf.minimum(chunk, filled - start)
+            basis, singular, mean, n, ok = self._fold_rows(rows, b, basis, singular, mean, n)
+            basis = tf.ensure_shape(basis, [self.width, self.geometry[0]])
+            singular = tf.ensure_shape(singular, [self.width])
+            return i + 1, basis, singular, mean, n, tf.logical_and(finite, ok)
+
+        state = (
+            tf.constant(0),
+            self.basis.read_value(),
+            self.singular.read_value(),
+            self.mean.read_value(),
+            self.count.read_value(),
+            tf.constant(True),
+        )
+        _, basis, singular, mean, n, finite = tf.while_loop(
+            lambda i, *_: i < chunks, body, state, parallel_iterations=1
+        )
+        assigns = [
+            self.basis.assign(basis),
+            self.singular.assign(singular),
+            self.mean.assign(tf.where(finite, mean, tf.zeros_like(mean))),
+            self.count.assign(n),
+            self.filled.assign(0),
+            self.degenerate.assign(tf.maximum(self.degenerate, tf.cast(~finite, tf.int32))),
+        ]
+        with tf.control_dependencies(_ops(*assigns)):
+            return tf.constant(1, tf.int32)
+
+    def _fold_rows(self, rows, filled, basis, singular, mean, n):
+        """One incremental-PCA update of the sketch with ``filled`` rows of ``rows``.
 
         With ``n`` rows so far (mean ``mu``, sketch ``diag(sigma) V``, ``V``
         orthonormal) and ``b`` new rows ``Y`` (mean ``m_Y``), the right
@@ -838,23 +910,22 @@ class GradiVeQLayer(Compressor):
         N N^T]]`` (float64; only ``V N^T`` and ``N N^T`` touch ``K``), as the
         normalised rows of ``W^T A``. When ``A`` has more rows than ``K``, from
         the eigenvectors of ``A^T A`` instead.
+
+        Returns the new ``(basis, singular, mean, n)`` and whether the rows
+        were finite (non-finite rows are replaced by zeros).
         """
         cdt = self.compute_dtype
-        filled = self.filled.read_value()
         b = tf.cast(filled, tf.float64)
-        n = self.count.read_value()
-        mask = tf.cast(tf.range(self.buffer_rows) < filled, cdt)[:, None]
-        rows = self.buffer.read_value() * mask
+        mask = tf.cast(tf.range(tf.shape(rows)[0]) < filled, cdt)[:, None]
+        rows = rows * mask
         batch_mean = tf.reduce_sum(rows, axis=0) / tf.cast(tf.maximum(b, 1.0), cdt)
-        mean = self.mean.read_value()
         scale = tf.cast(tf.sqrt(tf.math.divide_no_nan(n * b, n + b)), cdt)
         new = tf.concat([(rows - batch_mean) * mask, (scale * (mean - batch_mean))[None]], axis=0)
-        singular = tf.where(n > 0, self.singular.read_value(), tf.zeros_like(self.singular))
-        basis = self.basis.read_value()
+        singular = tf.where(n > 0, singular, tf.zeros_like(singular))
         finite = tf.reduce_all(tf.math.is_finite(new))
         new = tf.where(finite, new, tf.zeros_like(new))
         width, k = self.width, self.geometry[0]
-        in_k_space = width + self.buffer_rows + 1 > k  # A^T A ([K, K]) in float64
+        in_k_space = width + self.fold_rows + 1 > k  # A^T A ([K, K]) in float64
         if not in_k_space:
             cross = tf.cast(tf.matmul(basis, new, transpose_b=True), tf.float64) * singular[:, None]
             gram = tf.concat(
@@ -886,22 +957,12 @@ class GradiVeQLayer(Compressor):
             values, vectors = values[::-1][:width], vectors[:, ::-1][:, :width]
             values, scale = _kept(values, floor=1e-6)
             directions = tf.cast(tf.transpose(vectors * tf.sign(scale)[None, :]), cdt)
-        singular = tf.sqrt(values)
         new_mean = tf.where(
             n > 0,
             (tf.cast(n, cdt) * mean + tf.cast(b, cdt) * batch_mean) / tf.cast(n + b, cdt),
             batch_mean,
         )
-        assigns = [
-            self.basis.assign(directions),
-            self.singular.assign(singular),
-            self.mean.assign(tf.where(finite, new_mean, tf.zeros_like(mean))),
-            self.count.assign(n + b),
-            self.filled.assign(0),
-            self.degenerate.assign(tf.maximum(self.degenerate, tf.cast(~finite, tf.int32))),
-        ]
-        with tf.control_dependencies(_ops(*assigns)):
-            return tf.constant(1, tf.int32)
+        return directions, tf.sqrt(values), new_mean, n + b, finite
 
     def _finish_fit(self) -> tf.Tensor:
         """After the last fit step: ``d`` from the sketch's energy (overwritten on held-out)."""
@@ -1115,12 +1176,15 @@ def _without_check(payload: Payload) -> Payload:
 
 
 class _CompressedBranch(_Branch):
-    """Branch 1: ``U_d^T (g_n - mu/N)`` per pack of slices, summed by all-reduce.
+    """Branch 1: ``U_d (g_n - mu/N)`` per pack of slices, summed by all-reduce.
 
-    No ``tf.cond``: an exact layer (degenerate samples, or workers that did
-    not agree) has ``d = 0`` and ``mu = 0``, and its pack tensors append the
-    ``K`` raw rows, so one formula serves both cases (conds inside a
-    multi-device function cost a function call each).
+    An exact layer (degenerate samples, or workers that did not agree) has
+    ``d = 0`` and ``mu = 0``, and its pack tensors append the ``K`` raw rows,
+    so one payload layout serves both cases. The work over ``K`` is two
+    matrix products with ``U_d`` (a view of the basis's first ``d`` rows,
+    not a copy) and two reductions of the gradient: the centring is applied
+    to the ``d x S`` coefficients (``U_d (g - s) = U_d g - U_d s``) and to the
+    error's norms, never to a copy of the gradient.
     """
 
     summable = True
@@ -1130,32 +1194,33 @@ class _CompressedBranch(_Branch):
         x = self._check_input(x)
         slices = layer.slices(layer.with_residual(x))
         k = layer.geometry[0]
+        cdt = layer.compute_dtype
         d = layer.components.read_value()
         exact = 1 - layer.valid.read_value()
-        # All l rows (rows past d are computed and dropped): slicing the first d
-        # rows of the variable would copy the basis, often larger than the gradient.
-        basis = layer.basis.read_value()
-        shift = layer.mean.read_value() / tf.constant(
-            layer.context.num_replicas, layer.compute_dtype
-        )
+        basis = layer.basis.read_value()[:d]  # a view: rows of a row-major variable
+        shift = layer.mean.read_value() / tf.constant(layer.context.num_replicas, cdt)
+        projected_shift = tf.linalg.matvec(basis, shift)[:, None]
         tensors = {}
-        captured = tf.constant(0.0, layer.compute_dtype)
+        captured = tf.constant(0.0, cdt)
         residuals = []
         for p, (a, b) in enumerate(layer.pack_bounds):
             part = slices[a:b]
-            coefficients = tf.matmul(basis, part - shift, transpose_b=True)[:d]
+            coefficients = tf.matmul(basis, part, transpose_b=True) - projected_shift
             # [K, S_p] for an exact layer, else [0, S_p] (no transposed copy of the slices)
             raw = tf.transpose(part[:, : k * exact])
             tensors[f"coefficients_{p}"] = tf.concat([coefficients, raw], axis=0)
             captured += tf.reduce_sum(tf.square(coefficients))
             if layer.residual is not None:
-                kept = tf.matmul(_pad_rows(coefficients, layer.width), basis, transpose_a=True)
-                kept += shift
+                kept = tf.matmul(coefficients, basis, transpose_a=True) + shift
                 residuals.append((part - kept) * tf.cast(1 - exact, part.dtype))
-        # In the compute dtype: a monitoring figure, not worth float64 copies of g.
-        centred = tf.reduce_sum(tf.square(slices - shift))
-        norm = tf.reduce_sum(tf.square(slices))
-        # ||g - (U c + mu/N)||^2 = ||g - mu/N||^2 - ||c||^2 for orthonormal rows of U.
+        # ||g - s||^2 = ||g||^2 - 2 <s, sum of rows> + S ||s||^2 over the S rows of g.
+        flat = tf.reshape(slices, [1, -1])
+        norm = tf.squeeze(tf.matmul(flat, flat, transpose_b=True))
+        column_sums = tf.reduce_sum(slices, axis=0)
+        rows = tf.constant(layer.geometry[1], cdt)
+        centred = norm - 2.0 * tf.tensordot(shift, column_sums, 1)
+        centred += rows * tf.tensordot(shift, shift, 1)
+        # ||g - (U c + s)||^2 = ||g - s||^2 - ||c||^2 for orthonormal rows of U.
         relative = tf.sqrt(tf.math.divide_no_nan(tf.maximum(centred - captured, 0.0), norm))
         relative = tf.cast(relative, tf.float32) * tf.cast(1 - exact, tf.float32)
         dependencies = []
@@ -1181,18 +1246,18 @@ class _CompressedBranch(_Branch):
                 )
             ],
         )
-        k = layer.geometry[0]
         d = layer.components.read_value()
-        basis = layer.basis.read_value()
-        mean = layer.mean.read_value()
-        parts = []
-        for p in range(len(layer.pack_bounds)):
-            summed = payload.tensors[f"coefficients_{p}"]
-            raw = summed[d:]
-            raw = tf.pad(raw, [[0, k - tf.shape(raw)[0]], [0, 0]])
-            coefficients = _pad_rows(summed[:d], layer.width)
-            parts.append(tf.matmul(basis, coefficients, transpose_a=True) + mean[:, None] + raw)
-        slices = tf.transpose(tf.concat(parts, axis=1) if len(parts) > 1 else parts[0])
+        packs = [payload.tensors[f"coefficients_{p}"] for p in range(len(layer.pack_bounds))]
+        summed = tf.concat(packs, axis=1) if len(packs) > 1 else packs[0]  # [d (+K), S]
+
+        def projected() -> tf.Tensor:  # U_d^T c + mu, [S, K], written once
+            basis = layer.basis.read_value()[:d]
+            return tf.matmul(summed[:d], basis, transpose_a=True) + layer.mean.read_value()
+
+        def raw() -> tf.Tensor:  # an exact layer: d = 0, the raw rows follow
+            return tf.transpose(summed[d:])
+
+        slices = tf.cond(layer.valid.read_value() > 0, projected, raw)
         mean_error = check[2] / replicas
         dependencies = _ops(same) if same is not None else []
         dependencies += _ops(layer.error.assign(mean_error))
@@ -1201,11 +1266,6 @@ class _CompressedBranch(_Branch):
             dependencies += _ops(refresh)
         with tf.control_dependencies(dependencies):
             return tf.identity(layer.unslice(slices, payload))
-
-
-def _pad_rows(coefficients: tf.Tensor, rows: int) -> tf.Tensor:
-    """``coefficients`` (``[d, S]``) zero-padded to ``rows`` rows, for the full basis."""
-    return tf.pad(coefficients, [[0, rows - tf.shape(coefficients)[0]], [0, 0]])
 
 
 def _after(operations: list) -> tf.Tensor:
