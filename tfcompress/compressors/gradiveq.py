@@ -39,11 +39,12 @@ sampling aggregate are used (the first ``sample_slices``, all ``S`` by
 default). With ``F = max(1, L_t - 2)`` fit steps:
 
 * steps ``0 .. F-1`` append their ``m`` rows to the buffer; when it is full
-  it is folded into a sketch of the ``n`` rows so far: the running mean
+  it is folded, ``max(2 l, 16)`` rows at a time (``O(l^2 K)`` per fold),
+  into a sketch of the ``n`` rows so far: the running mean
   ``mu`` and ``l = min(K, F m, max_components)`` principal directions with
   their singular values (incremental PCA with a mean correction, Ross, Lim,
   Lin and Yang 2008; exact while ``n <= l``, the ``l`` strongest directions
-  afterwards);
+  afterwards), made exactly orthonormal after step ``F - 1`` (Cholesky QR);
 * step ``F`` is **held out**: with ``h`` its centred rows and ``c_i = V_i h``,
   ``d`` is the fewest directions that capture ``1 - energy_loss`` of what all
   ``l`` capture of ``h`` (``sum_{i<d} ||c_i||^2 >= (1 - lambda) sum_{i<l}
@@ -345,8 +346,8 @@ class GradiVeQ(Compressor):
     Tuning: more sampling steps, or a smaller ``slice_length`` (``D_in *
     F_out``: more slices, so more samples per step), give bases that
     generalise better; a larger ``max_components`` lowers the fresh-gradient
-    error at the price of bytes (``K / d``) and of fitting time (each fold is
-    ``O((l + B)^2 K)``); ``sampling="exact"`` gives cleaner bases for 7.5x
+    error at the price of bytes (``K / d``) and of fitting time (each fold of
+    ``2 l`` rows is ``O(l^2 K)``); ``sampling="exact"`` gives cleaner bases for 7.5x
     more bytes per sampling step; ``refresh_threshold`` (e.g. 0.5) starts a
     new block as soon as the bases stop fitting.
 
