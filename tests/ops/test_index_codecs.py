@@ -77,7 +77,8 @@ def mix64(z: int) -> int:
 def oracle_bloom_bits(p: int, m: int, k: int) -> list[int]:
     h1 = mix64((p + 0x9E3779B97F4A7C15) & MASK64)
     h2 = mix64((p + 2 * 0x9E3779B97F4A7C15) & MASK64) | 1
-    return [((h1 + i * h2) & MASK64) % m for i in range(k)]
+    reduce = (lambda x: ((x >> 32) * m) >> 32) if m <= 2**32 else (lambda x: x % m)
+    return [reduce((h1 + i * h2) & MASK64) for i in range(k)]
 
 
 def oracle_bloom_filter(indices: np.ndarray, m: int, k: int) -> np.ndarray:
@@ -189,10 +190,12 @@ def test_run_length_with_wide_codes(impl):
     np.testing.assert_array_equal(ic.run_length_decode(data, d).numpy(), indices)
 
 
-def test_bloom_hash_matches_the_documented_splitmix64():
+@pytest.mark.parametrize("m", [1, 1_000_003, 2**32, 2**32 + 1, 2**45 + 7])
+def test_bloom_hash_matches_the_documented_splitmix64(m):
+    """Multiply-shift for filters of up to 2^32 bits, the remainder above."""
     positions = np.array([0, 1, 2, 12345, 2**31, 2**40 + 3, 2**62 - 1], np.int64)
-    got = ic.bloom_bit_positions(positions, 1_000_003, 7).numpy()
-    expected = [oracle_bloom_bits(int(p), 1_000_003, 7) for p in positions]
+    got = ic.bloom_bit_positions(positions, m, 7).numpy()
+    expected = [oracle_bloom_bits(int(p), m, 7) for p in positions]
     np.testing.assert_array_equal(got.astype(np.uint64), np.array(expected, np.uint64))
 
 

@@ -38,7 +38,8 @@ Byte layouts (also in ``docs/PAYLOADS.md``, section "Index codecs"):
   ``g_0 = i_0``, ``g_j = i_j - i_{j-1} - 1`` of each index (the count makes a
   truncation at a varint boundary detectable);
 * Bloom filter: ``m`` bits in ``ceil(m / 8)`` bytes. Hash ``i`` in ``[0, k)``
-  of position ``p`` selects bit ``(h1 + i*h2) mod m`` (double hashing), with
+  of position ``p`` selects bit ``reduce(h1 + i*h2)`` (double hashing; ``reduce(x) =
+  ((x >> 32) * m) >> 32`` for ``m <= 2**32``, else ``x mod m``), with
   ``h1 = mix64(p + G)`` and ``h2 = mix64(p + 2G) | 1`` the first two outputs of
   SplitMix64 seeded with ``p`` (``G = 0x9E3779B97F4A7C15``, ``mix64`` its
   finaliser, all arithmetic modulo ``2**64``): see :func:`bloom_bit_positions`.

@@ -51,6 +51,9 @@ RUN_LENGTH_HEADER_BYTES = 10
 MAX_VARINT_BYTES = 9
 """Longest LEB128 varint: 9 bytes carry 63 bits, any gap below ``2**62``."""
 
+MAX_SHIFT_REDUCED_BITS = 2**32
+"""Filters of at most this many bits map a hash to a bit by multiply-shift, larger ones by mod."""
+
 BLOOM_GAMMA = 0x9E3779B97F4A7C15
 """SplitMix64's increment ``G`` (the golden ratio times ``2**64``)."""
 
@@ -83,7 +86,7 @@ def bloom_bit_positions(
         uint64 ``[n, k]``, each in ``[0, m)``.
 
     >>> bloom_bit_positions(tf.constant([0], tf.int64), 100, 3).numpy().tolist()
-    [[35, 20, 21]]
+    [[88, 31, 74]]
     """
     positions = tf.cast(tf.convert_to_tensor(positions, dtype_hint=tf.int64), tf.int64)
     num_bits = tf.cast(tf.convert_to_tensor(num_bits, dtype_hint=tf.int64), tf.uint64)
@@ -93,7 +96,12 @@ def bloom_bit_positions(
     h1 = _mix64(p + gamma)
     h2 = tf.bitwise.bitwise_or(_mix64(p + gamma + gamma), tf.constant(1, tf.uint64))
     i = tf.cast(tf.range(num_hashes), tf.uint64)
-    return tf.math.floormod(h1[:, None] + i[None, :] * h2[:, None], num_bits)
+    x = h1[:, None] + i[None, :] * h2[:, None]
+    # (x >> 32) < 2**32 and m <= 2**32: the product fits in 64 bits.
+    shifted = tf.bitwise.right_shift(tf.bitwise.right_shift(x, _u64(32)) * num_bits, _u64(32))
+    return tf.where(
+        num_bits <= _u64(MAX_SHIFT_REDUCED_BITS), shifted, tf.math.floormod(x, num_bits)
+    )
 
 
 # --- helpers -------------------------------------------------------------------

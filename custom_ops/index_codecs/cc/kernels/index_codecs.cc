@@ -206,6 +206,57 @@ absl::Status CheckBloomParameters(const char* op, const Tensor& num_bits_tensor,
   return absl::OkStatus();
 }
 
+// Positions per stage of QueryRange: its scratch arrays stay in L1.
+constexpr int64_t kQueryChunk = 512;
+
+// The query loop for one range reduction (reduce(x) is ReduceToBit(x, m)).
+// About half of all positions fail hash 0 and half of the rest hash 1, at
+// random: as branches those tests mispredict about every other time, so the
+// first two hashes are tested without branches, in stages over a chunk of
+// positions (each stage compacts the survivors into the scratch arrays), and
+// only the quarter left takes the branchy loop over hashes 2 .. k-1.
+template <typename Reduce>
+void QueryRange(const uint8_t* bits, uint64_t k, int64_t begin, int64_t end,
+                Reduce reduce, std::vector<int64_t>* found) {
+  auto is_set = [bits](uint64_t bit) -> int64_t {
+    return (bits[bit >> 3] >> (bit & 7)) & 1;
+  };
+  int64_t candidates[kQueryChunk];
+  uint64_t first[kQueryChunk];
+  uint64_t step[kQueryChunk];
+  for (int64_t chunk = begin; chunk < end; chunk += kQueryChunk) {
+    const int64_t chunk_end = std::min(end, chunk + kQueryChunk);
+    int64_t n = 0;
+    for (int64_t p = chunk; p < chunk_end; ++p) {  // hash 0
+      const uint64_t h1 = Mix64(static_cast<uint64_t>(p) + kSplitMixGamma);
+      candidates[n] = p;
+      first[n] = h1;
+      n += is_set(reduce(h1));
+    }
+    int64_t kept = 0;
+    for (int64_t j = 0; j < n; ++j) {  // hash 1 (every position passes if k = 1)
+      const int64_t p = candidates[j];
+      const uint64_t h1 = first[j];
+      const uint64_t h2 =
+          Mix64(static_cast<uint64_t>(p) + 2 * kSplitMixGamma) | 1;
+      candidates[kept] = p;
+      first[kept] = h1;
+      step[kept] = h2;
+      kept += (k < 2) | is_set(reduce(h1 + h2));
+    }
+    for (int64_t j = 0; j < kept; ++j) {  // hashes 2 .. k-1
+      const uint64_t h2 = step[j];
+      uint64_t x = first[j] + 2 * h2;
+      uint64_t i = 2;
+      while (i < k && is_set(reduce(x))) {
+        ++i;
+        x += h2;
+      }
+      if (i >= k) found->push_back(candidates[j]);
+    }
+  }
+}
+
 }  // namespace
 
 // --- functors -------------------------------------------------------------
@@ -221,22 +272,18 @@ struct BloomQuery<CPUDevice> {
     const uint8_t* bits = filter.data();
     const uint64_t m = static_cast<uint64_t>(num_bits);
     const uint64_t k = static_cast<uint64_t>(num_hashes);
+    // The reduction is chosen once per call, not per hash: the loop's body
+    // is then a multiplication and a shift (or a division for huge filters).
     CollectInBlocks(
         context, dense_length, 8 * num_hashes,
         [&](int64_t begin, int64_t end, std::vector<int64_t>* found) {
-          auto is_set = [bits](uint64_t bit) {
-            return ((bits[bit >> 3] >> (bit & 7)) & 1) != 0;
-          };
-          for (int64_t p = begin; p < end; ++p) {
-            // Hash 0 is h1 mod m: most positions fail it, before h2 is needed.
-            const uint64_t h1 =
-                Mix64(static_cast<uint64_t>(p) + kSplitMixGamma);
-            if (!is_set(h1 % m)) continue;
-            const uint64_t h2 =
-                Mix64(static_cast<uint64_t>(p) + 2 * kSplitMixGamma) | 1;
-            uint64_t i = 1;
-            while (i < k && is_set((h1 + i * h2) % m)) ++i;
-            if (i == k) found->push_back(p);
+          if (m <= kMaxShiftReducedBits) {
+            QueryRange(bits, k, begin, end,
+                       [m](uint64_t x) { return MultiplyShiftBit(x, m); },
+                       found);
+          } else {
+            QueryRange(bits, k, begin, end, [m](uint64_t x) { return x % m; },
+                       found);
           }
         },
         positives);

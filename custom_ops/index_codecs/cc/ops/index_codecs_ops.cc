@@ -31,7 +31,9 @@
 //               "more bytes follow"; at most 9 bytes, canonical): the count r,
 //               then the gap g_0 = i_0, g_j = i_j - i_{j-1} - 1 of each index.
 //   Bloom:      BloomInsert returns the m-bit filter, ceil(m / 8) bytes. Hash
-//               i in [0, k) of position p selects bit (h1 + i * h2) mod m,
+//               i in [0, k) of position p selects bit Reduce(h1 + i * h2)
+//               (Reduce(x) = ((x >> 32) * m) >> 32 for m <= 2^32, else
+//               x mod m),
 //               where h1 = Mix64(p + G), h2 = Mix64(p + 2G) | 1 are the first
 //               two outputs of SplitMix64 seeded with p
 //               (G = 0x9E3779B97F4A7C15, Mix64 = SplitMix64's finaliser;
