@@ -6,7 +6,14 @@ a warm-up call), once with the C++ kernels and once with the pure-TF
 references, and reports GB/s of float32 input, the kernel's speed-up over the
 reference, its share of a plain memory copy's bandwidth (NumPy ``copyto`` of
 the same bytes, measured in the same run) and the compression ratio (input
-bytes / payload bytes).
+bytes / payload bytes). With the kernels, ``compress`` and ``decompress`` are
+also timed apart (each its own ``tf.function``): encode and decode GB/s of the
+dense tensor.
+
+The DeepReduce rows (``deepreduce <index codec>``) sparsify to the top 1% and
+encode the indices with each index codec (raw float32 values; ``bloom`` is
+policy P0 at the default ``eps = 0.1 r / d``), so their encode and decode sit
+next to ``topk 1%``'s own: the index codec's cost is the difference.
 """
 
 from __future__ import annotations
@@ -42,6 +49,15 @@ def _compressor_cases() -> dict[str, Callable[[], C.Compressor]]:
         "threshold": ("threshold", {"value": 2.5}),
         "randomk 1%": ("randomk", {"ratio": 0.01, "seed": 1}),
     }
+    for index_codec in ("raw", "bitmap", "runlength", "varint", "bloom"):
+        optional[f"deepreduce {index_codec}"] = (
+            "deepreduce",
+            {"index_codec": index_codec, "value_codec": "raw"},
+        )
+    optional["deepreduce bloom + qsgd"] = (
+        "deepreduce",
+        {"index_codec": "bloom", "value_codec": "qsgd"},
+    )
     for label, (name, options) in optional.items():
         if name in C.available():
             cases[label] = lambda name=name, options=options: C.get(name, **options)
@@ -77,6 +93,18 @@ def _payload_ratio(label: str, x: tf.Tensor) -> float:
     compressor = _compressor_cases()[label]()
     payload = compressor.compress(x)
     return x.shape.num_elements() * 4 / max(int(C.payload_nbytes(payload)), 1)
+
+
+def _encode_decode_seconds(label: str, x: tf.Tensor, repeats: int) -> tuple[float, float]:
+    """Median seconds of ``compress(x)`` and of ``decompress(payload)``, each its own function."""
+    compressor = _compressor_cases()[label]()
+    encode = tf.function(lambda x: compressor.compress(x).tensors)
+    tensors = encode(x)
+    structure = compressor.compress(x)  # the payload's metadata (shape, dtype)
+    decode = tf.function(lambda tensors: compressor.decompress(structure.replace(tensors)))
+    encode_s = measure(lambda: tf.nest.flatten(encode(x))[0].numpy(), repeats)
+    decode_s = measure(lambda: decode(tensors).numpy(), repeats)
+    return encode_s, decode_s
 
 
 def measure(fn: Callable[[], object], repeats: int) -> float:
@@ -137,8 +165,7 @@ def main(args: argparse.Namespace) -> int:
                     graph = tf.function(fn)
                     graph.get_concrete_function(x)  # trace inside the chosen implementation
                     seconds = measure(lambda graph=graph, x=x: graph(x).numpy(), args.repeats)
-                rows.append(
-                    {
+                    row = {
                         "label": label,
                         "size": n,
                         "impl": impl,
@@ -147,7 +174,11 @@ def main(args: argparse.Namespace) -> int:
                         "ratio": ratio,
                         "memcpy_gbps": 4 * n / copy_s / 1e9,
                     }
-                )
+                    if impl == "kernel" and label in _compressor_cases():
+                        encode_s, decode_s = _encode_decode_seconds(label, x, args.repeats)
+                        row["encode_gbps"] = 4 * n / encode_s / 1e9
+                        row["decode_gbps"] = 4 * n / decode_s / 1e9
+                rows.append(row)
     print(file=sys.stderr)
     table = format_table(rows)
     print(table)
@@ -165,8 +196,9 @@ def main(args: argparse.Namespace) -> int:
 def format_table(rows: list[dict]) -> str:
     """Markdown table: one line per (compressor, size) with kernel and reference side by side."""
     lines = [
-        "| compressor | elements | kernel GB/s | reference GB/s | kernel / reference | kernel / memcpy | ratio |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| compressor | elements | kernel GB/s | encode GB/s | decode GB/s | reference GB/s "
+        "| kernel / reference | kernel / memcpy | ratio |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     by_key: dict[tuple[str, int], dict[str, dict]] = {}
     for r in rows:
@@ -174,15 +206,18 @@ def format_table(rows: list[dict]) -> str:
     for (label, size), impls in by_key.items():
         if "numpy" in impls:
             lines.append(
-                f"| memory copy (NumPy) | {size:,} | {impls['numpy']['gbps']:.2f} | | | | 1.00x |"
+                f"| memory copy (NumPy) | {size:,} | {impls['numpy']['gbps']:.2f} | | | | | | 1.00x |"
             )
             continue
         k, ref = impls.get("kernel"), impls["reference"]
         kernel_cell = f"{k['gbps']:.2f}" if k else "n/a"
         speedup = f"{k['gbps'] / ref['gbps']:.1f}x" if k else ""
         share = f"{k['gbps'] / k['memcpy_gbps']:.2f}" if k else ""
+        encode = f"{k['encode_gbps']:.2f}" if k and "encode_gbps" in k else ""
+        decode = f"{k['decode_gbps']:.2f}" if k and "decode_gbps" in k else ""
         lines.append(
-            f"| {label} | {size:,} | {kernel_cell} | {ref['gbps']:.2f} | {speedup} | {share} | {ref['ratio']:.1f}x |"
+            f"| {label} | {size:,} | {kernel_cell} | {encode} | {decode} | {ref['gbps']:.2f} "
+            f"| {speedup} | {share} | {ref['ratio']:.1f}x |"
         )
     return "\n".join(lines)
 
