@@ -9,13 +9,14 @@ elements (flattened in C order)::
     S  = sparsifier.select(g, t).indices    # ascending positions, |S| = r
     E  = index_codec.encode(S, d, seed_t)   # bytes + the positions P it decodes to
     v  = g[P] * sparsifier.value_scale(d)   # re-read at the decoded positions
-    B  = value_codec.encode(v, seed_t,w)    # bytes
+    B  = value_codec.encode(v, seed_t,w)    # bytes; v in g's dtype
     payload = container(header, E, B)       # one uint8 tensor (tfcompress.codecs.container)
 
 and :meth:`DeepReduce.decompress` parses the container, decodes ``P`` and
-``v`` and scatters ``v`` into a zero tensor of ``g``'s shape. The sparsifier
-is used only through the interface of :mod:`tfcompress.compressors.sparsifier`
-(``select`` and ``value_scale``), so any :class:`Sparsifier` fits.
+``v`` (in the dtype named by the header) and scatters ``v`` into a zero
+tensor of ``g``'s shape. The sparsifier is used only through the interface
+of :mod:`tfcompress.compressors.sparsifier` (``select`` and
+``value_scale``), so any :class:`Sparsifier` fits.
 """
 
 from __future__ import annotations
@@ -87,11 +88,14 @@ class DeepReduce(Compressor):
       policy: ``"p0"`` sends the values at every positive (exact),
       ``"leftmost"`` the first ``r`` positives, ``"random"`` (P1) ``r``
       positives drawn with a seed shared by all workers;
-    * values (:mod:`tfcompress.codecs.values`): ``"raw"`` float32,
-      ``"fp16"``, ``"qsgd"`` (stochastic, buckets of 512), ``"deflate"``
-      (zlib), ``"polyfit"`` (degree-5 polynomials of the sorted values plus
-      the permutation) and ``"dexpfit"`` (``a e^{px} + b e^{qx}`` of the
-      sorted magnitudes plus signs and permutation).
+    * values (:mod:`tfcompress.codecs.values`), in the gradient's own dtype:
+      ``"raw"`` (its bytes: 2 per float16/bfloat16 value, 4 per float32, 8
+      per float64; lossless), ``"fp16"`` (float16; bfloat16 as it is),
+      ``"qsgd"`` (stochastic, buckets of 512), ``"deflate"`` (zlib of the
+      native bytes; lossless), ``"polyfit"`` (degree-5 polynomials of the
+      sorted values plus the permutation) and ``"dexpfit"`` (``a e^{px} + b
+      e^{qx}`` of the sorted magnitudes plus signs and permutation). The
+      lossy codecs decode to the gradient's dtype too.
 
     The sender encodes the indices first and re-reads the values from the
     dense gradient at the positions ``P`` the receiver will decode (``P =
@@ -309,10 +313,13 @@ class DeepReduce(Compressor):
         encoded = self.index_codec.encode(indices, dense_length, self._index_seed(step))
         positions = tf.cast(encoded.positions, tf.int64)
         self._record_false_positives(indices, positions, d)
-        values = tf.cast(tf.gather(flat, positions), tf.float32)
-        scale = self.sparsifier.value_scale(d, tf.float32)
+        values = tf.gather(flat, positions)
+        # Rescaled as RandomK rescales its own values: in float32 (float64 for
+        # float64), then rounded once to the gradient's dtype.
+        wide = tf.float64 if x.dtype == tf.float64 else tf.float32
+        scale = self.sparsifier.value_scale(d, wide)
         if scale is not None:
-            values = values * scale
+            values = tf.cast(tf.cast(values, wide) * scale, x.dtype)
         value_bytes = self.value_codec.encode(values, self._value_seed(step))
         data = self._pack(x.dtype, dense_length, positions, step, encoded.data, value_bytes)
         return Payload(tensors={"bytes": data}, **self._metadata(x))
@@ -337,8 +344,11 @@ class DeepReduce(Compressor):
         )
         checks = _require_count(positions, parsed.count)
         with tf.control_dependencies(checks):
-            values = self.value_codec.decode(parsed.value_bytes, parsed.count * parsed.row_width)
-        return positions, tf.cast(values, dtype)
+            # The header's dtype code, checked to be ``dtype``, is the values' dtype.
+            values = self.value_codec.decode(
+                parsed.value_bytes, parsed.count * parsed.row_width, dtype
+            )
+        return positions, values
 
     def decompress(self, payload: Payload) -> tf.Tensor:
         d = payload.num_elements
@@ -395,9 +405,7 @@ class DeepReduce(Compressor):
         )
         padded = tf.concat([row_values, tf.zeros([1, width], row_values.dtype)], axis=0)
         sent = tf.gather(padded, tf.where(found, clipped, tf.size(sorted_rows, out_type=tf.int64)))
-        value_bytes = self.value_codec.encode(
-            tf.cast(tf.reshape(sent, [-1]), tf.float32), self._value_seed(step)
-        )
+        value_bytes = self.value_codec.encode(tf.reshape(sent, [-1]), self._value_seed(step))
         data = self._pack(
             values.dtype,
             rows,
