@@ -42,7 +42,7 @@ def test_layout_is_the_documented_one():
     data = _pack().numpy()
     assert len(data) == C.HEADER_BYTES + 3 + 2 == 65
     assert bytes(data[:4]) == b"TFDR"
-    assert list(data[4:12]) == [1, 5, 3, 3, 0, 0, 0, 0]  # version, ids, dtype code, flags, reserved
+    assert list(data[4:12]) == [2, 5, 3, 3, 0, 0, 0, 0]  # version, ids, dtype code, flags, reserved
     fields = np.frombuffer(data[12:60].tobytes(), "<i8")
     assert fields.tolist() == [10, 3, 1, 7, 3, 2]  # d, count, width, step, I, V
     assert list(data[60:]) == [1, 2, 3, 9, 8]

@@ -1,5 +1,6 @@
 """DeepReduce value codecs: round trips, unbiasedness, fit error on real gradients, bad input."""
 
+import functools
 import zlib
 
 import numpy as np
@@ -8,15 +9,29 @@ import tensorflow as tf
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tfcompress import ops
 from tfcompress.codecs import values as V
 from tfcompress.ops import value_codecs as deflate_ops
 
 SEED = tf.constant([3, 4], tf.int64)
+DTYPES = [tf.float16, tf.bfloat16, tf.float32, tf.float64]
+# Values that survive only bit for bit: signed zeros, subnormals, the extremes and,
+# for float64, values that float32 cannot hold (range or precision).
+SPECIAL = {
+    tf.float16: [0.0, -0.0, 2**-24, -65504.0, 65504.0, 2**-20],
+    tf.bfloat16: [0.0, -0.0, 2**-133, -3.3895e38, 3.3895e38, 1.5e-39],
+    tf.float32: [0.0, -0.0, 1e-45, -3.4e38, 3.4e38, 1.5e-39],
+    tf.float64: [-0.0, 5e-324, 1e-300, -1.7976931348623157e308, 1 + 2**-40, 1e39],
+}
 
 
-def _values(n, seed=0, scale=1e-3):
+def _values(n, seed=0, scale=1e-3, dtype=tf.float32):
     rng = np.random.default_rng(seed)
-    return tf.constant((rng.standard_t(3, size=n) * scale).astype(np.float32))
+    return tf.cast(tf.constant(rng.standard_t(3, size=n) * scale, tf.float64), dtype)
+
+
+def _bits(t: tf.Tensor) -> np.ndarray:
+    return tf.bitcast(t, tf.as_dtype(f"uint{8 * t.dtype.size}")).numpy()
 
 
 def _round_trip(codec, values, seed=SEED):
@@ -28,26 +43,37 @@ def _round_trip(codec, values, seed=SEED):
 # --- lossless and near-lossless round trips --------------------------------------------------
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=20, deadline=None)
 @given(
     n=st.one_of(st.sampled_from([0, 1, 2, 3]), st.integers(0, 3000)),
     seed=st.integers(0, 2**31),
     special=st.booleans(),
 )
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
 @pytest.mark.parametrize("name", ["raw", "deflate"])
-def test_lossless_round_trip_is_bit_exact(name, n, seed, special):
+def test_lossless_round_trip_is_bit_exact(name, dtype, n, seed, special):
     codec = V.get_value_codec(name)
-    values = _values(n, seed)
-    if special and n:  # zeros, -0.0, subnormals, extremes survive bit for bit
-        extra = np.array([0.0, -0.0, 1e-45, -3.4e38, 3.4e38, 1.5e-39], np.float32)
-        values = tf.concat([values[: max(n - 6, 0)], tf.constant(extra[: min(6, n)])], 0)
-    data, decoded = _round_trip(codec, values)
-    assert codec.lossless
-    np.testing.assert_array_equal(
-        tf.bitcast(decoded, tf.int32).numpy(), tf.bitcast(values, tf.int32).numpy()
-    )
-    if name == "raw":
-        assert int(tf.size(data)) == 4 * n
+    values = _values(n, seed, scale=1.0 if dtype.size == 2 else 1e-3, dtype=dtype)
+    if special and n:
+        extra = tf.constant(SPECIAL[dtype][: min(6, n)], dtype)
+        values = tf.concat([values[: max(n - 6, 0)], extra], 0)
+    data = codec.encode(values, SEED)
+    decoded = codec.decode(data, n, dtype)
+    assert codec.lossless and decoded.dtype == dtype
+    np.testing.assert_array_equal(_bits(decoded), _bits(values))
+    if name == "raw":  # the values' own width: 2, 2, 4 or 8 bytes
+        assert int(tf.size(data)) == dtype.size * n
+        np.testing.assert_array_equal(data.numpy(), tf.bitcast(values, tf.uint8).numpy().ravel())
+
+
+def test_float64_values_beyond_float32_survive_raw_and_deflate():
+    values = tf.constant(SPECIAL[tf.float64] + [np.pi, -np.e * 1e-200], tf.float64)
+    with np.errstate(over="ignore"):
+        assert np.any(values.numpy() != values.numpy().astype(np.float32).astype(np.float64))
+    for name in ("raw", "deflate"):
+        codec = V.get_value_codec(name)
+        decoded = codec.decode(codec.encode(values), 8, tf.float64)
+        np.testing.assert_array_equal(_bits(decoded), _bits(values))
 
 
 @settings(max_examples=25, deadline=None)
@@ -62,6 +88,34 @@ def test_fp16_round_trip_within_half_precision(n, seed):
     )
     _, big = _round_trip(codec, tf.constant([1e6, -1e6], tf.float32))
     np.testing.assert_array_equal(big.numpy(), [65504.0, -65504.0])  # saturates, no Inf
+
+
+@pytest.mark.parametrize("dtype", [tf.float16, tf.bfloat16], ids=lambda d: d.name)
+def test_fp16_sends_16_bit_dtypes_as_they_are(dtype):
+    codec = V.FP16Values()
+    # bfloat16 keeps its range (1e-30 and 3e38 are beyond float16's), float16 its subnormals
+    extra = {tf.bfloat16: [1e-30, -3e38], tf.float16: [2**-24, -65504.0]}[dtype]
+    values = tf.concat([_values(100, 3, scale=1.0, dtype=dtype), tf.constant(extra, dtype)], 0)
+    data = codec.encode(values)
+    assert int(tf.size(data)) == 2 * 102
+    decoded = codec.decode(data, 102, dtype)
+    assert decoded.dtype == dtype
+    np.testing.assert_array_equal(_bits(decoded), _bits(values))
+    infinite = data.numpy()
+    infinite[:2] = np.frombuffer(tf.bitcast(tf.constant(np.inf, dtype), tf.uint8).numpy(), np.uint8)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="Inf or NaN"):
+        codec.decode(tf.constant(infinite), 102, dtype).numpy()
+
+
+def test_fp16_rounds_float64_to_float16_and_decodes_to_float64():
+    values = tf.concat([_values(300, 4, scale=1.0, dtype=tf.float64), [1e6, -1e300]], 0)
+    codec = V.FP16Values()
+    data = codec.encode(values)
+    assert int(tf.size(data)) == 2 * 302
+    decoded = codec.decode(data, 302, tf.float64)
+    assert decoded.dtype == tf.float64
+    want = tf.cast(tf.cast(values[:300], tf.float16), tf.float64).numpy()
+    np.testing.assert_array_equal(decoded.numpy(), np.concatenate([want, [65504.0, -65504.0]]))
 
 
 def test_deflate_shrinks_repetitive_values_and_layout_matches_zlib():
@@ -144,6 +198,74 @@ def test_qsgd_values_need_a_seed():
         V.QSGDValues().encode(tf.ones([3]))
 
 
+def test_qsgd_values_reject_float64_beyond_float32_norms():
+    with pytest.raises(tf.errors.InvalidArgumentError, match="float32"):
+        V.QSGDValues().encode(tf.constant([1.0, 1e39], tf.float64), SEED)
+
+
+# --- dtypes of the lossy codecs ----------------------------------------------------------------
+
+LOSSY_BOUNDS = {"qsgd": 0.2, "polyfit": 0.05, "dexpfit": 0.25}
+
+
+@pytest.mark.parametrize("name", sorted(LOSSY_BOUNDS))
+def test_lossy_codecs_decode_to_the_values_dtype(name):
+    codec = V.get_value_codec(name)
+    reference = _values(700, seed=8, scale=1.0)
+    encoded = {}
+    for dtype in DTYPES:
+        values = tf.cast(reference, dtype)
+        encoded[dtype] = data = codec.encode(values, SEED)
+        decoded = codec.decode(data, 700, dtype)
+        assert decoded.dtype == dtype
+        want = tf.cast(values, tf.float64)
+        error = float(tf.norm(tf.cast(decoded, tf.float64) - want) / tf.norm(want))
+        assert error < LOSSY_BOUNDS[name], (dtype.name, error)
+    if name == "qsgd":  # the same layout for every dtype
+        assert len({int(tf.size(data)) for data in encoded.values()}) == 1
+    else:  # fitted in float64 either way: the same float32 values give the same bytes
+        np.testing.assert_array_equal(encoded[tf.float64].numpy(), encoded[tf.float32].numpy())
+
+
+def test_qsgd_values_kernel_and_reference_agree_in_every_dtype(kernel_library):
+    codec = V.QSGDValues(bits=3, bucket_size=64)
+    for dtype in DTYPES:
+        values = _values(300, seed=6, scale=1.0, dtype=dtype)
+        results = {}
+        for name in ("kernel", "reference"):
+            with ops.implementation(name):
+                data = codec.encode(values, SEED)
+                results[name] = data.numpy(), _bits(codec.decode(data, 300, dtype))
+        np.testing.assert_array_equal(results["kernel"][0], results["reference"][0])
+        np.testing.assert_array_equal(results["kernel"][1], results["reference"][1])
+
+
+def test_polyfit_decodes_an_overshoot_to_the_largest_float16():
+    codec = V.PolynomialFit()
+    data = codec.encode(tf.constant([1.0], tf.float16)).numpy()
+    assert len(data) == 4 + 4 + 4 * 6  # S, one start, 6 coefficients, a 0-bit permutation
+    data[8:12] = np.frombuffer(np.float32(1e5).tobytes(), np.uint8)  # the constant term
+    decoded = codec.decode(tf.constant(data), 1, tf.float16)
+    assert decoded.dtype == tf.float16 and decoded.numpy().tolist() == [65504.0]  # not Inf
+
+
+@pytest.mark.parametrize("name", ["raw", "deflate"])
+@pytest.mark.parametrize("dtype", [tf.float16, tf.float64], ids=lambda d: d.name)
+def test_decoding_as_another_width_is_a_corrupted_payload(name, dtype):
+    codec = V.get_value_codec(name)
+    data = codec.encode(_values(100, seed=2))  # float32: 4 bytes per value
+    match = f"{dtype.name} values" if name == "raw" else "corrupted payload"
+    with pytest.raises(tf.errors.InvalidArgumentError, match=match):
+        codec.decode(data, 100, dtype).numpy()
+
+
+def test_unsupported_dtypes_are_named():
+    with pytest.raises(TypeError, match="`values`.*int32"):
+        V.RawValues().encode(tf.constant([1, 2]))
+    with pytest.raises(TypeError, match="`dtype`.*int32"):
+        V.DeflateValues().decode(tf.zeros([8], tf.uint8), 2, tf.int32)
+
+
 # --- curve fits ----------------------------------------------------------------------------
 
 
@@ -223,9 +345,9 @@ def test_permutation_bits():
 # --- bad input ---------------------------------------------------------------------------------
 
 
-def _corrupt_cases(name):
+def _corrupt_cases(name, dtype):
     codec = V.get_value_codec(name)
-    values = _values(100, seed=1)
+    values = _values(100, seed=1, dtype=dtype)
     data = codec.encode(values, SEED).numpy()
     cases = [(data[:-1], 100), (np.concatenate([data, [0]]), 100), (data, 1000), (data, -1)]
     if name in ("polyfit", "dexpfit"):
@@ -250,13 +372,21 @@ def _corrupt_cases(name):
     return codec, cases
 
 
-@pytest.mark.parametrize("name", sorted(V.VALUE_CODECS))
+# The curve fits' layout does not depend on the dtype: float32 covers them.
+CORRUPTED_CASES = [(name, tf.float32) for name in sorted(V.VALUE_CODECS)] + [
+    (name, tf.float64) for name in ("deflate", "fp16", "qsgd", "raw")
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "dtype"), CORRUPTED_CASES, ids=[f"{n}-{d.name}" for n, d in CORRUPTED_CASES]
+)
 @pytest.mark.parametrize("mode", ["eager", "graph"])
-def test_corrupted_value_bytes_raise_invalid_argument(name, mode):
-    codec, cases = _corrupt_cases(name)
-    decode = codec.decode
+def test_corrupted_value_bytes_raise_invalid_argument(name, mode, dtype):
+    codec, cases = _corrupt_cases(name, dtype)
+    decode = functools.partial(codec.decode, dtype=dtype)
     if mode == "graph":
-        decode = tf.function(lambda d, n: codec.decode(d, n))
+        decode = tf.function(lambda d, n: codec.decode(d, n, dtype))
     for data, count in cases:
         with pytest.raises(tf.errors.InvalidArgumentError):
             decode(tf.constant(data, tf.uint8), tf.constant(count, tf.int64)).numpy()

@@ -4,7 +4,7 @@ Layout (all integers little-endian; 60-byte header, then two sections)::
 
     offset size  field
      0     4     magic "TFDR"
-     4     1     version (1)
+     4     1     version (2)
      5     1     index codec id (tfcompress.codecs.index, 1..255)
      6     1     value codec id (tfcompress.codecs.values, 1..255)
      7     1     dtype code of the gradient: 1 float16, 2 bfloat16, 3 float32, 4 float64
@@ -17,9 +17,14 @@ Layout (all integers little-endian; 60-byte header, then two sections)::
     44     8     int64 index section length I
     52     8     int64 value section length V
     60     I     index section (the index codec's bytes)
-    60+I   V     value section (the value codec's bytes, r' * w values)
+    60+I   V     value section (the value codec's bytes, r' * w values of the dtype above)
 
-and the payload has exactly ``60 + I + V`` bytes. :func:`parse_payload`
+and the payload has exactly ``60 + I + V`` bytes. The value section has no
+dtype field of its own: its values are of the gradient's dtype, the one the
+header's dtype code names (:mod:`tfcompress.codecs.values`). Version 1
+sent float32 values for every dtype; version 2 sends each dtype at its own
+width (float64 exact, float16 and bfloat16 at 2 bytes), and a reader
+rejects the other version by name. :func:`parse_payload`
 checks every field against what the receiver expects (its configured codecs,
 the tensor's dtype and size) before any section is read, and raises
 ``tf.errors.InvalidArgumentError`` naming the field for a wrong magic or
@@ -49,7 +54,7 @@ __all__ = [
 ]
 
 MAGIC = b"TFDR"
-VERSION = 1
+VERSION = 2  # 2: value sections in the gradient's dtype (1: always float32)
 HEADER_BYTES = 60
 FLAG_INDEXED_SLICES = 1
 DTYPE_CODES: dict[tf.DType, int] = {tf.float16: 1, tf.bfloat16: 2, tf.float32: 3, tf.float64: 4}

@@ -8,14 +8,16 @@ elements (flattened in C order)::
 
     S  = sparsifier.select(g, t).indices    # ascending positions, |S| = r
     E  = index_codec.encode(S, d, seed_t)   # bytes + the positions P it decodes to
-    v  = g[P] * sparsifier.value_scale(d)   # re-read at the decoded positions
-    B  = value_codec.encode(v, seed_t,w)    # bytes
+    v  = g[P] * sparsifier.value_scale(d)   # re-read at the decoded positions (0 at P - S
+                                            # when there is a scale, see DeepReduce)
+    B  = value_codec.encode(v, seed_t,w)    # bytes; v in g's dtype
     payload = container(header, E, B)       # one uint8 tensor (tfcompress.codecs.container)
 
 and :meth:`DeepReduce.decompress` parses the container, decodes ``P`` and
-``v`` and scatters ``v`` into a zero tensor of ``g``'s shape. The sparsifier
-is used only through the interface of :mod:`tfcompress.compressors.sparsifier`
-(``select`` and ``value_scale``), so any :class:`Sparsifier` fits.
+``v`` (in the dtype named by the header) and scatters ``v`` into a zero
+tensor of ``g``'s shape. The sparsifier is used only through the interface
+of :mod:`tfcompress.compressors.sparsifier` (``select`` and
+``value_scale``), so any :class:`Sparsifier` fits.
 """
 
 from __future__ import annotations
@@ -87,19 +89,35 @@ class DeepReduce(Compressor):
       policy: ``"p0"`` sends the values at every positive (exact),
       ``"leftmost"`` the first ``r`` positives, ``"random"`` (P1) ``r``
       positives drawn with a seed shared by all workers;
-    * values (:mod:`tfcompress.codecs.values`): ``"raw"`` float32,
-      ``"fp16"``, ``"qsgd"`` (stochastic, buckets of 512), ``"deflate"``
-      (zlib), ``"polyfit"`` (degree-5 polynomials of the sorted values plus
-      the permutation) and ``"dexpfit"`` (``a e^{px} + b e^{qx}`` of the
-      sorted magnitudes plus signs and permutation).
+    * values (:mod:`tfcompress.codecs.values`), in the gradient's own dtype:
+      ``"raw"`` (its bytes: 2 per float16/bfloat16 value, 4 per float32, 8
+      per float64; lossless), ``"fp16"`` (float16; bfloat16 as it is),
+      ``"qsgd"`` (stochastic, buckets of 512), ``"deflate"`` (zlib of the
+      native bytes; lossless), ``"polyfit"`` (degree-5 polynomials of the
+      sorted values plus the permutation) and ``"dexpfit"`` (``a e^{px} + b
+      e^{qx}`` of the sorted magnitudes plus signs and permutation). The
+      lossy codecs decode to the gradient's dtype too.
 
     The sender encodes the indices first and re-reads the values from the
     dense gradient at the positions ``P`` the receiver will decode (``P =
     S`` for lossless index codecs and Bloom ``"p0"`` plus false positives),
-    so that index and value errors never compound. Every worker's payload is
-    one self-describing uint8 tensor (:mod:`tfcompress.codecs.container`);
-    payloads differ in size, travel through the all-gather (``summable =
-    False``) and every worker decodes and sums them.
+    so that index and value errors never compound.
+
+    A sparsifier with a value scale (RandomK's ``d / k``) is unbiased only
+    over its own draw ``S``: the scale applies at the positions of ``S``,
+    and a Bloom false positive (a position of ``P`` not in ``S``, never
+    drawn) is sent as 0. So ``DeepReduce(RandomK(...), index_codec="bloom")``
+    under ``"p0"`` decodes to exactly RandomK's estimate of its draw
+    (``E[decoded] = g``); scaling the false positives too would bias it up
+    by ``eps (d - r) / r`` (about 10% at the default ``eps = 0.1 r / d``).
+    ``"leftmost"`` and ``"random"`` also drop some drawn positions, so they
+    stay biased. Sparsifiers without a scale (TopK, Threshold) send the real
+    values at false positives, so ``"p0"`` keeps everything they keep.
+
+    Every worker's payload is one self-describing uint8 tensor
+    (:mod:`tfcompress.codecs.container`); payloads differ in size, travel
+    through the all-gather (``summable = False``) and every worker decodes
+    and sums them.
 
     Paper defaults and results: top-r at 1%, Bloom P0 indices, and QSGD
     or curve-fitted values reach 6.2% of the dense volume against 20.3% for
@@ -125,7 +143,8 @@ class DeepReduce(Compressor):
     Args:
       sparsifier: a :class:`~tfcompress.compressors.sparsifier.Sparsifier`:
         ``TopK`` (default ``TopK(ratio=0.01)``), ``Threshold`` or ``RandomK``
-        (its ``value_scale``, ``d / k``, is applied to every value sent).
+        (its ``value_scale``, ``d / k``, is applied to the values of its own
+        selection; Bloom false positives are sent as 0).
       index_codec: index codec name or instance (default ``"bloom"``).
       value_codec: value codec name or instance (default ``"raw"``).
       seed: integer, the same on every worker (default 0).
@@ -233,23 +252,16 @@ class DeepReduce(Compressor):
             return {}
         return {"bloom_false_positive_rate": self._false_positive_rate.read_value()}
 
-    def _record_false_positives(self, indices: tf.Tensor, positions: tf.Tensor, d) -> None:
-        if self.index_codec.lossless:
-            return
+    def _record_false_positives(self, selected: tf.Tensor, num_indices: tf.Tensor, d) -> None:
+        """Records the false-positive rate; ``selected``: :func:`_locate`'s mask of the positions."""
         if self._false_positive_rate is None:
             self._false_positive_rate = local_variable(
                 lambda: tf.constant(0.0),
                 state_name("deepreduce_false_positive_rate", self.context),
                 self.context.device,
             )
-        indices = tf.cast(indices, tf.int64)
-        found = tf.searchsorted(indices, positions)
-        padded = tf.concat([indices, [-1]], 0)
-        true_positions = tf.reduce_sum(
-            tf.cast(tf.equal(tf.gather(padded, found), positions), tf.float32)
-        )
-        false_positions = tf.cast(tf.size(positions), tf.float32) - true_positions
-        negatives = tf.cast(d, tf.float32) - tf.cast(tf.size(indices), tf.float32)
+        false_positions = tf.reduce_sum(tf.cast(tf.logical_not(selected), tf.float32))
+        negatives = tf.cast(d, tf.float32) - tf.cast(num_indices, tf.float32)
         self._false_positive_rate.assign(false_positions / tf.maximum(negatives, 1.0))
 
     @property
@@ -308,11 +320,20 @@ class DeepReduce(Compressor):
         dense_length = tf.cast(d, tf.int64)
         encoded = self.index_codec.encode(indices, dense_length, self._index_seed(step))
         positions = tf.cast(encoded.positions, tf.int64)
-        self._record_false_positives(indices, positions, d)
-        values = tf.cast(tf.gather(flat, positions), tf.float32)
-        scale = self.sparsifier.value_scale(d, tf.float32)
+        selected = None  # positions is indices: every position was selected
+        if not self.index_codec.lossless:
+            selected, _ = _locate(indices, positions)
+            self._record_false_positives(selected, tf.size(indices), d)
+        values = tf.gather(flat, positions)
+        # Rescaled as RandomK rescales its own values: in float32 (float64 for
+        # float64), then rounded once to the gradient's dtype.
+        wide = tf.float64 if x.dtype == tf.float64 else tf.float32
+        scale = self.sparsifier.value_scale(d, wide)
         if scale is not None:
-            values = values * scale
+            values = tf.cast(tf.cast(values, wide) * scale, x.dtype)
+            if selected is not None:
+                # A false positive was not drawn: its scaled value would bias the estimate.
+                values = tf.where(selected, values, tf.zeros_like(values))
         value_bytes = self.value_codec.encode(values, self._value_seed(step))
         data = self._pack(x.dtype, dense_length, positions, step, encoded.data, value_bytes)
         return Payload(tensors={"bytes": data}, **self._metadata(x))
@@ -337,8 +358,11 @@ class DeepReduce(Compressor):
         )
         checks = _require_count(positions, parsed.count)
         with tf.control_dependencies(checks):
-            values = self.value_codec.decode(parsed.value_bytes, parsed.count * parsed.row_width)
-        return positions, tf.cast(values, dtype)
+            # The header's dtype code, checked to be ``dtype``, is the values' dtype.
+            values = self.value_codec.decode(
+                parsed.value_bytes, parsed.count * parsed.row_width, dtype
+            )
+        return positions, values
 
     def decompress(self, payload: Payload) -> tf.Tensor:
         d = payload.num_elements
@@ -388,16 +412,10 @@ class DeepReduce(Compressor):
         encoded = self.index_codec.encode(sorted_rows, rows, self._index_seed(step))
         positions = tf.cast(encoded.positions, tf.int64)
         # Rows at the decoded positions: the row's values, or zeros at a false positive.
-        found_at = tf.searchsorted(sorted_rows, positions, out_type=tf.int64)
-        clipped = tf.minimum(found_at, tf.maximum(tf.size(sorted_rows, out_type=tf.int64) - 1, 0))
-        found = (found_at < tf.size(sorted_rows, out_type=tf.int64)) & tf.equal(
-            tf.gather(tf.concat([sorted_rows, [-1]], 0), clipped), positions
-        )
+        found, found_at = _locate(sorted_rows, positions)
         padded = tf.concat([row_values, tf.zeros([1, width], row_values.dtype)], axis=0)
-        sent = tf.gather(padded, tf.where(found, clipped, tf.size(sorted_rows, out_type=tf.int64)))
-        value_bytes = self.value_codec.encode(
-            tf.cast(tf.reshape(sent, [-1]), tf.float32), self._value_seed(step)
-        )
+        sent = tf.gather(padded, tf.where(found, found_at, tf.size(sorted_rows, out_type=tf.int64)))
+        value_bytes = self.value_codec.encode(tf.reshape(sent, [-1]), self._value_seed(step))
         data = self._pack(
             values.dtype,
             rows,
@@ -452,6 +470,20 @@ class DeepReduce(Compressor):
             f"DeepReduce(sparsifier={self.sparsifier!r}, index_codec={self.index_codec!r}, "
             f"value_codec={self.value_codec!r}, seed={self.seed})"
         )
+
+
+def _locate(selected: tf.Tensor, positions: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    """Where each decoded position is among the ascending ``selected`` positions.
+
+    Returns:
+      ``(found, at)``: bool ``[p]``, True where the position is one of
+      ``selected`` (False at a Bloom false positive), and int64 ``[p]``, its
+      index in ``selected`` where found (in ``[0, size(selected)]`` elsewhere).
+    """
+    selected = tf.cast(selected, tf.int64)
+    at = tf.searchsorted(selected, positions, out_type=tf.int64)
+    padded = tf.concat([selected, [-1]], 0)  # no position is -1
+    return tf.equal(tf.gather(padded, at), positions), at
 
 
 def _require_count(positions: tf.Tensor, count: tf.Tensor) -> list:
