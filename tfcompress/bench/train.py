@@ -61,6 +61,17 @@ VARIANTS: dict[str, list[str]] = {
         "--bucket-bytes",
         "0",
     ],
+    # DeepReduce as the paper runs it: top 1%, Bloom indices (policy P0, eps =
+    # 0.1 r / d), QSGD 4-bit values, with error feedback (top-r is biased).
+    "deepreduce + EF": [
+        "--compression",
+        "deepreduce",
+        "--option",
+        "index_codec=bloom",
+        "--option",
+        "value_codec=qsgd",
+        "--error-feedback",
+    ],
     "diana(qsgd 4-bit)": [
         "--compression",
         "qsgd",
