@@ -71,16 +71,25 @@ class Payload:
       dtype: dtype of the original tensor.
       dense_shape: dynamic shape of the original tensor (kept on the worker,
         only needed when ``shape`` is not fully defined).
+      local: what the sender learnt about decoding these very tensors while
+        encoding them (DeepReduce: the positions its index codec decodes
+        to), so that the sender does not decode its own payload again. Never
+        sent; only the sender's own payload object carries it, and a decoder
+        must give the same result with or without it.
     """
 
     tensors: Mapping[str, tf.Tensor]
     shape: tf.TensorShape
     dtype: tf.DType
     dense_shape: tf.Tensor | None = None
+    local: Mapping[str, tf.Tensor] | None = None
 
     def replace(self, tensors: Mapping[str, tf.Tensor]) -> Payload:
-        """Returns the same payload metadata around other tensors (e.g. the sum)."""
-        return dataclasses.replace(self, tensors=dict(tensors))
+        """Returns the same payload metadata around other tensors (e.g. the sum).
+
+        ``local`` is dropped: it describes the original tensors only.
+        """
+        return dataclasses.replace(self, tensors=dict(tensors), local=None)
 
     @property
     def num_elements(self) -> int | tf.Tensor:

@@ -23,7 +23,7 @@ of :mod:`tfcompress.compressors.sparsifier` (``select`` and
 from __future__ import annotations
 
 import numbers
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import tensorflow as tf
 
@@ -336,9 +336,20 @@ class DeepReduce(Compressor):
                 values = tf.where(selected, values, tf.zeros_like(values))
         value_bytes = self.value_codec.encode(values, self._value_seed(step))
         data = self._pack(x.dtype, dense_length, positions, step, encoded.data, value_bytes)
-        return Payload(tensors={"bytes": data}, **self._metadata(x))
+        # The positions the receivers decode: the sender's own copy of its
+        # payload needs no second index decoding (a Bloom query scans all d).
+        return Payload(tensors={"bytes": data}, local={"positions": positions}, **self._metadata(x))
 
-    def _decode(self, data: tf.Tensor, dtype: tf.DType, dense_length, flags: int, row_width):
+    def _decode(
+        self,
+        data: tf.Tensor,
+        dtype: tf.DType,
+        dense_length,
+        flags: int,
+        row_width,
+        local: Mapping[str, tf.Tensor] | None = None,
+    ):
+        """``(positions, values)`` of one payload; ``local``: the sender's own positions."""
         parsed = container.parse_payload(
             data,
             index_codec_id=self.index_codec.codec_id,
@@ -350,12 +361,15 @@ class DeepReduce(Compressor):
             flags=flags,
             row_width=row_width,
         )
-        positions = tf.cast(
-            self.index_codec.decode(
-                parsed.index_bytes, parsed.dense_length, self._index_seed(parsed.step)
-            ),
-            tf.int64,
-        )
+        if local is not None and "positions" in local:
+            positions = local["positions"]  # what decoding the index bytes gives
+        else:
+            positions = tf.cast(
+                self.index_codec.decode(
+                    parsed.index_bytes, parsed.dense_length, self._index_seed(parsed.step)
+                ),
+                tf.int64,
+            )
         checks = _require_count(positions, parsed.count)
         with tf.control_dependencies(checks):
             # The header's dtype code, checked to be ``dtype``, is the values' dtype.
@@ -366,7 +380,9 @@ class DeepReduce(Compressor):
 
     def decompress(self, payload: Payload) -> tf.Tensor:
         d = payload.num_elements
-        positions, values = self._decode(payload.tensors["bytes"], payload.dtype, d, 0, 1)
+        positions, values = self._decode(
+            payload.tensors["bytes"], payload.dtype, d, 0, 1, payload.local
+        )
         dense = sparse_scatter(values, tf.cast(positions, tf.int32), d)
         return self._restore_shape(dense, payload)
 

@@ -396,6 +396,13 @@ class CompressingCollectiveAllReduce(internal.CollectiveAllReduceHook):
         received = _timestamp_after(
             _payload_tensors([p for ps in gathered for p in ps]), compressed
         )
+        # This replica's own payload: the local object (the same tensors as the
+        # gathered copy), whose ``local`` lets the compressor skip re-decoding
+        # what it learnt while encoding (DeepReduce's index positions).
+        me = self._first_global_replica + replica_id
+        for payload, ps in zip(payloads, gathered, strict=True):
+            if payload.local is not None:
+                ps[me] = payload
         decoded = [
             (u.whole.aggregate_indexed_slices if sparse else u.whole.aggregate)(ps)
             for u, ps in zip(units, gathered, strict=True)
