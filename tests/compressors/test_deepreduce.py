@@ -227,7 +227,7 @@ def test_step_counter_advances_and_seeds_qsgd_per_step():
     )
 
 
-@pytest.mark.parametrize("policy", ["leftmost", "random"])
+@pytest.mark.parametrize("policy", ["leftmost", "random", "p2"])
 def test_bloom_policies_decode_the_positions_the_sender_used(policy):
     x = random_tensor((5000,), tf.float32, seed=11)
     c = DeepReduce(TopK(ratio=0.02), index_codec="bloom", policy=policy, fpr=0.05, seed=2)

@@ -68,6 +68,7 @@ SAMPLES = {
     "varint_decode": lambda: ((tf.constant([3, 5, 0, 165, 2], tf.uint8), 1000), {}),
     "bloom_insert": lambda: (([1, 5, 9], 100, 64, 3), {}),
     "bloom_query": lambda: ((_bloom_filter(), 100, 64, 3), {}),
+    "bloom_conflict_sets": lambda: (([1, 5, 9, 40], 100, 64, 3, 2, [7, 11]), {}),
     "raw_encode": lambda: (([1, 258], 1000), {}),
     "raw_decode": lambda: ((tf.constant([1, 0, 0, 0, 2, 1, 0, 0], tf.uint8), 1000), {}),
     "deflate_encode": lambda: ((tf.constant([1, 2, 3] * 10, tf.uint8),), {"level": 9}),

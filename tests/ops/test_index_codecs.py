@@ -11,6 +11,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tensorflow as tf
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tfcompress import ops
 from tfcompress.ops import index_codecs as ic
@@ -86,6 +88,35 @@ def oracle_bloom_filter(indices: np.ndarray, m: int, k: int) -> np.ndarray:
     for p in indices.tolist():
         bits[oracle_bloom_bits(p, m, k)] = 1
     return np.packbits(bits, bitorder="little")
+
+
+def oracle_conflict_sets(positives: list[int], m: int, k: int, r: int, seed: tuple) -> list[int]:
+    """DeepReduce's P2 as the authors' policies.hpp runs it, with the documented order and draws.
+
+    Conflict sets as Python sets; each visit erases the chosen members and
+    skips the set if it erased any; the chosen member leaves its set.
+    """
+    sets: dict[int, set[int]] = {}
+    for p in positives:
+        for bit in oracle_bloom_bits(p, m, k):
+            sets.setdefault(bit, set()).add(p)
+    ordered = [sets[b] for b in sorted(sets, key=lambda b: (len(sets[b]), b))]
+    gamma = 0x9E3779B97F4A7C15
+    state = mix64((seed[0] + gamma) & MASK64) ^ (seed[1] & MASK64)
+    selected: set[int] = set()
+    while len(selected) < r:
+        for conflict_set in ordered:
+            if len(selected) == r:
+                break
+            compromised = bool(conflict_set & selected)
+            conflict_set -= selected
+            if compromised or not conflict_set:
+                continue
+            u = mix64((state + (len(selected) + 1) * gamma) & MASK64)
+            member = sorted(conflict_set)[u % len(conflict_set)]
+            conflict_set.discard(member)
+            selected.add(member)
+    return sorted(selected)
 
 
 def in_both(function, *args):
@@ -244,6 +275,144 @@ def test_bloom_query_over_more_than_2_24_positions(kernel_library):
     np.testing.assert_array_equal(kernel, reference)
     assert np.all(np.isin(indices, kernel))
     assert kernel[-1] == d - 1
+
+
+# --- the P2 (conflict sets) policy ------------------------------------------------
+
+
+@st.composite
+def bloom_filters(draw) -> tuple[np.ndarray, np.ndarray, int, int, int]:
+    """(indices, positives, d, m, k) of a filter: any density, sizing, k, including m = 1."""
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    d = draw(st.integers(1, 4000))
+    r = int(d * draw(st.sampled_from([0.0, 0.002, 0.01, 0.05, 0.2, 0.6, 1.0])))
+    indices = np.sort(rng.choice(d, r, replace=False)).astype(np.int64)
+    k = draw(st.sampled_from([1, 2, 3, 4, 7, 10, 14, 40]))
+    bits_per_index = draw(st.sampled_from([0.5, 2.0, 5.0, 9.6, 14.4, 30.0]))
+    m = draw(st.one_of(st.just(max(1, int(np.ceil(r * bits_per_index)))), st.integers(1, 70)))
+    positives = ic.bloom_query(ic.bloom_insert(indices, d, m, k), d, m, k).numpy()
+    return indices, positives, d, m, k
+
+
+def _conflict_sets(positives: np.ndarray, m: int, k: int) -> dict[int, list[int]]:
+    sets: dict[int, list[int]] = {}
+    for p in positives.tolist():
+        for bit in set(oracle_bloom_bits(p, m, k)):
+            sets.setdefault(bit, []).append(p)
+    return sets
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=bloom_filters(), seed=st.tuples(st.integers(-(2**63), 2**63 - 1), st.integers(0, 9)))
+def test_bloom_conflict_sets_kernel_matches_reference(kernel_library, case, seed):
+    indices, positives, d, m, k = case
+    r = indices.size
+    kernel, reference = in_both(ic.bloom_conflict_sets, positives, d, m, k, r, seed)
+    np.testing.assert_array_equal(kernel, reference)
+    assert kernel.dtype == np.int64 and kernel.size == r
+    assert np.all(np.diff(kernel) > 0) and np.all(np.isin(kernel, positives))
+    # A conflict set of one positive names an inserted index: all are kept.
+    singles = {
+        members[0] for members in _conflict_sets(positives, m, k).values() if len(members) == 1
+    }
+    assert singles <= set(indices.tolist()) and singles <= set(kernel.tolist())
+    # Any r' <= n positives can be asked for, not only the filter's r.
+    fewer = len(positives) // 3
+    kernel, reference = in_both(ic.bloom_conflict_sets, positives, d, m, k, fewer, seed)
+    np.testing.assert_array_equal(kernel, reference)
+    assert kernel.size == fewer
+
+
+def test_bloom_conflict_sets_matches_the_authors_algorithm(kernel_library):
+    rng = np.random.default_rng(21)
+    for d, r, m, k, seed in [
+        (300, 30, 200, 3, (1, 2)),
+        (2000, 100, 700, 5, (-7, 3)),
+        (500, 250, 900, 2, (2**62, 0)),
+        (100, 40, 1, 3, (5, 5)),  # one conflict set: r drawn from all positives
+        (400, 20, 30, 255, (0, 0)),  # hashes repeat bits
+    ]:
+        indices = np.sort(rng.choice(d, r, replace=False)).astype(np.int64)
+        positives = ic.bloom_query(ic.bloom_insert(indices, d, m, k), d, m, k).numpy()
+        expected = oracle_conflict_sets(positives.tolist(), m, k, r, seed)
+        kernel, reference = in_both(ic.bloom_conflict_sets, positives, d, m, k, r, seed)
+        np.testing.assert_array_equal(kernel, expected, err_msg=f"d={d} m={m} k={k}")
+        np.testing.assert_array_equal(reference, expected, err_msg=f"d={d} m={m} k={k}")
+    # Any ascending positives and any m: bits of 62 bits take all 4 radix passes.
+    d, m = 2**62, 2**61 + 12345
+    positives = np.unique(rng.integers(0, d, 300, dtype=np.int64))
+    for k, r in ((5, positives.size // 2), (1, positives.size)):
+        expected = oracle_conflict_sets(positives.tolist(), m, k, r, (3, 1))
+        kernel, reference = in_both(ic.bloom_conflict_sets, positives, d, m, k, r, (3, 1))
+        np.testing.assert_array_equal(kernel, expected)
+        np.testing.assert_array_equal(reference, expected)
+
+
+def test_bloom_conflict_sets_edge_cases(impl):
+    empty = np.zeros(0, np.int64)
+    assert ic.bloom_conflict_sets(empty, 0, 1, 1, 0, [0, 0]).numpy().size == 0
+    positives = np.array([0, 4, 9, 2**40], np.int64)
+    d = 2**40 + 1
+    assert ic.bloom_conflict_sets(positives, d, 64, 3, 0, [1, 1]).numpy().size == 0
+    every = ic.bloom_conflict_sets(positives, d, 64, 3, 4, [1, 1]).numpy()
+    np.testing.assert_array_equal(every, positives)
+    draws = {
+        tuple(ic.bloom_conflict_sets(positives, d, 1, 2, 2, [s, 0]).numpy()) for s in range(12)
+    }
+    assert len(draws) > 1  # m = 1: one set, a seeded draw of 2 of the 4
+    assert all(set(draw) <= set(positives.tolist()) and len(draw) == 2 for draw in draws)
+
+
+def test_bloom_conflict_sets_large_r_in_one_set(kernel_library):
+    """m = 1 puts every positive in one set of 10^5: Fenwick selects, not list scans."""
+    n = 100_000
+    positives = np.arange(n, dtype=np.int64) * 3
+    for r in (n // 2, n):
+        chosen = ic.bloom_conflict_sets(positives, 3 * n, 1, 4, r, [3, 4]).numpy()
+        assert chosen.size == r and np.all(np.diff(chosen) > 0)
+        assert np.all(np.isin(chosen, positives))
+
+
+BAD_CONFLICT_SETS = {
+    "descending": ([9, 4], 10, 64, 3, 1, [0, 0]),
+    "duplicate": ([4, 4], 10, 64, 3, 1, [0, 0]),
+    "out-of-range": ([4, 10], 10, 64, 3, 1, [0, 0]),
+    "negative": ([-1, 4], 10, 64, 3, 1, [0, 0]),
+    "negative-d": ([], -1, 64, 3, 0, [0, 0]),
+    "r-above-n": ([1, 4], 10, 64, 3, 3, [0, 0]),
+    "r-negative": ([1, 4], 10, 64, 3, -1, [0, 0]),
+    "m-zero": ([1, 4], 10, 0, 3, 1, [0, 0]),
+    "m-huge": ([1, 4], 10, 2**62 + 1, 3, 1, [0, 0]),
+    "k-zero": ([1, 4], 10, 64, 0, 1, [0, 0]),
+    "k-256": ([1, 4], 10, 64, 256, 1, [0, 0]),
+    "seed-short": ([1, 4], 10, 64, 3, 1, [0]),
+    "seed-long": ([1, 4], 10, 64, 3, 1, [0, 1, 2]),
+    "seed-rank": ([1, 4], 10, 64, 3, 1, [[0, 1]]),
+    "positives-rank": ([[1, 4]], 10, 64, 3, 1, [0, 0]),
+    "r-rank": ([1, 4], 10, 64, 3, [1], [0, 0]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_CONFLICT_SETS))
+def test_bloom_conflict_sets_rejects_bad_input(impl, case):
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        ic.bloom_conflict_sets(*BAD_CONFLICT_SETS[case])
+
+
+def test_bloom_conflict_sets_rejects_bad_input_in_tf_function(impl):
+    """The seed's length and r are checked at run time when the shapes are unknown."""
+    specs = [tf.TensorSpec([None], tf.int64), tf.TensorSpec([], tf.int64)]
+    select = tf.function(
+        lambda p, r, s: ic.bloom_conflict_sets(p, 10, 64, 3, r, s),
+        input_signature=[specs[0], specs[1], specs[0]],
+    )
+    np.testing.assert_array_equal(select([1, 4], 2, [0, 0]).numpy(), [1, 4])
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        select([1, 4], 2, [0, 0, 0])
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        select([1, 4], 3, [0, 0])
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        select([4, 1], 1, [0, 0])
 
 
 def test_all_ops_in_tf_function_with_unknown_shapes(kernel_library):

@@ -17,7 +17,7 @@ tensor with at least ``--min-size`` elements (the strategy's
   batch size), also measured here;
 * the relative L2 error ``||decoded - g|| / ||g||`` over the encoded tensors,
   next to top-r's own (Bloom P0 sends more values than top-r, so its error
-  is lower; leftmost, P1 and lossy value codecs add error).
+  is lower; leftmost, P1, P2 and lossy value codecs add error).
 
 Timings on a shared CPU are noisy (other processes share the cores); run
 with ``--repeats`` >= 5 for stabler medians.
@@ -47,6 +47,7 @@ COMBINATIONS: list[tuple[str, str, dict, str, dict]] = [
     ("bloom P0 + raw", "bloom", {"policy": "p0"}, "raw", {}),
     ("bloom leftmost + raw", "bloom", {"policy": "leftmost"}, "raw", {}),
     ("bloom P1 random + raw", "bloom", {"policy": "random"}, "raw", {}),
+    ("bloom P2 conflict sets + raw", "bloom", {"policy": "conflict_sets"}, "raw", {}),
     ("varint + fp16", "varint", {}, "fp16", {}),
     ("varint + deflate", "varint", {}, "deflate", {}),
     ("varint + qsgd 4-bit", "varint", {}, "qsgd", {}),

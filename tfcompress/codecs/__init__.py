@@ -3,6 +3,7 @@
 from tfcompress.codecs.container import ParsedPayload, pack_payload, parse_payload
 from tfcompress.codecs.index import (
     BLOOM_POLICIES,
+    BLOOM_POLICY_ALIASES,
     INDEX_CODECS,
     Bitmap,
     BloomFilter,
@@ -28,6 +29,7 @@ from tfcompress.codecs.values import (
 
 __all__ = [
     "BLOOM_POLICIES",
+    "BLOOM_POLICY_ALIASES",
     "INDEX_CODECS",
     "VALUE_CODECS",
     "Bitmap",

@@ -43,6 +43,7 @@ Byte layouts (also in ``docs/PAYLOADS.md``, section "Index codecs"):
   ``h1 = mix64(p + G)`` and ``h2 = mix64(p + 2G) | 1`` the first two outputs of
   SplitMix64 seeded with ``p`` (``G = 0x9E3779B97F4A7C15``, ``mix64`` its
   finaliser, all arithmetic modulo ``2**64``): see :func:`bloom_bit_positions`.
+  :func:`bloom_conflict_sets` is the P2 policy over the filter's positives.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from tfcompress.ops._define import define_op, dispatch
+from tfcompress.ops.checks import invalid_argument
 from tfcompress.ops.convert import TensorLike, check_rank, to_integer_scalar, to_tensor
 from tfcompress.ops.reference import index_codecs as reference
 from tfcompress.ops.reference.index_codecs import (
@@ -74,6 +76,8 @@ __all__ = [
     "bitmap_encode",
     "bitmap_encode_reference",
     "bloom_bit_positions",
+    "bloom_conflict_sets",
+    "bloom_conflict_sets_reference",
     "bloom_insert",
     "bloom_insert_reference",
     "bloom_query",
@@ -331,6 +335,85 @@ def bloom_query(
     )
 
 
+@define_op(
+    reference_summary=(
+        ":func:`bloom_conflict_sets` with the checks and hashes in TensorFlow and the "
+        "selection loop in Python (``tf.numpy_function``), the kernel's test oracle."
+    )
+)
+def bloom_conflict_sets(
+    positives: TensorLike,
+    dense_length: TensorLike,
+    num_bits: TensorLike,
+    num_hashes: TensorLike,
+    num_selected: TensorLike,
+    seed: TensorLike,
+    name: str | None = None,
+) -> tf.Tensor:
+    """DeepReduce's P2 false-positive policy: ``r`` of a filter's positives, chosen by conflict sets.
+
+    For every filter bit ``b`` that a positive hashes to, the conflict set
+    ``C_b`` holds the positives one of whose ``k`` hashes
+    (:func:`bloom_bit_positions`) selects ``b``, ascending. The sets are
+    visited by size ascending (ties: bit ascending), in rounds, until ``r``
+    positions are chosen: a set first drops its members chosen since its
+    last visit; if it dropped any ("compromised") or is empty it is skipped,
+    otherwise its member ``u_t mod |C_b|`` (0-based, ascending order) is
+    chosen and leaves it, ``u_t`` being draw ``t`` (the number of positions
+    chosen so far) of the seed's stream: ``u_t = mix64(x + (t + 1) G)``,
+    ``x = mix64(s0 + G) ^ s1`` (SplitMix64 from the state ``x``; ``G`` and
+    ``mix64`` as in the module docstring). A set of one member names an
+    inserted index (only it sets that bit); those come first.
+
+    The kernel keeps each set as a Fenwick tree over its members: ``O(E log
+    E)`` time and ``O(E)`` memory for ``E <= n min(k, m)`` (position, bit)
+    pairs of the ``n`` positives, whatever ``r``; every visit of a set either
+    chooses, or follows the removal of one of its members, or finds it empty
+    once. It terminates because ``r <= n``: an unchosen positive stays in its
+    sets, and a round without a choice leaves none compromised for the next.
+
+    Args:
+        positives: int64 ``[n]``, strictly increasing, in ``[0, d)``: the
+            output of :func:`bloom_query` for the same ``m`` and ``k``.
+        dense_length: integer scalar ``d`` in ``[0, 2**62]``.
+        num_bits: integer scalar ``m`` in ``[1, 2**62]``.
+        num_hashes: integer scalar ``k`` in ``[1, 255]``.
+        num_selected: integer scalar ``r`` in ``[0, n]``.
+        seed: int64 ``[2]``, the same on sender and receiver.
+        name: optional name scope.
+
+    Returns:
+        int64 ``[r]``, ascending, a subset of ``positives``.
+
+    Raises:
+        TypeError: a non-integer input.
+        tf.errors.InvalidArgumentError: positives out of range or out of
+            order, ``m``, ``k`` or ``d`` out of range, ``r`` outside ``[0,
+            n]``, a seed of other than 2 elements, a wrong rank.
+
+    >>> positives = tf.constant([3, 50, 51, 700], tf.int64)
+    >>> bloom_conflict_sets(positives, 1000, 64, 3, 2, [7, 11]).numpy().tolist()
+    [50, 51]
+    """
+    op = "BloomConflictSets"
+    seed = to_tensor(seed, tf.int64)
+    if not seed.dtype.is_integer:
+        raise TypeError(f"{op}: `seed` must be an integer, got {seed.dtype.name}")
+    check_rank(seed, 1, op, "seed")
+    if seed.shape[0] is not None and seed.shape[0] != 2:
+        raise invalid_argument(f"{op}: `seed` must have shape [2], got {seed.shape}")
+    return dispatch(
+        op,
+        reference.bloom_conflict_sets,
+        positives=_to_indices(positives, op, "positives"),
+        dense_length=_to_length(dense_length, op),
+        num_bits=to_integer_scalar(num_bits, op, "num_bits"),
+        num_hashes=to_integer_scalar(num_hashes, op, "num_hashes"),
+        num_selected=to_integer_scalar(num_selected, op, "num_selected"),
+        seed=tf.cast(seed, tf.int64),
+    )
+
+
 @define_op
 def raw_encode(indices: TensorLike, dense_length: TensorLike, name: str | None = None) -> tf.Tensor:
     """The indices as little-endian int32 words when ``d < 2**31``, int64 words otherwise.
@@ -390,16 +473,17 @@ varint_encode_reference = varint_encode.reference
 varint_decode_reference = varint_decode.reference
 bloom_insert_reference = bloom_insert.reference
 bloom_query_reference = bloom_query.reference
+bloom_conflict_sets_reference = bloom_conflict_sets.reference
 
 
 # --- argument conversion ---------------------------------------------------------
 
 
-def _to_indices(indices: TensorLike, op: str) -> tf.Tensor:
+def _to_indices(indices: TensorLike, op: str, what: str = "indices") -> tf.Tensor:
     indices = to_tensor(indices, tf.int64)
     if indices.dtype not in (tf.int32, tf.int64):
-        raise TypeError(f"{op}: `indices` must be int32 or int64, got {indices.dtype.name}")
-    check_rank(indices, 1, op, "indices")
+        raise TypeError(f"{op}: `{what}` must be int32 or int64, got {indices.dtype.name}")
+    check_rank(indices, 1, op, what)
     return tf.cast(indices, tf.int64)
 
 

@@ -8,11 +8,16 @@ the converted inputs of the kernels, by the kernels' names (see
 :mod:`tfcompress.ops.reference`), check the whole input at run time as the
 kernels do, with the same messages, and give bit-identical bytes and
 positions. :func:`raw_encode` and :func:`raw_decode` have no kernel: they are
-the only implementation of the raw codec.
+the only implementation of the raw codec. :func:`bloom_conflict_sets` is the
+one reference that is not pure TensorFlow: DeepReduce's P2 policy is a
+sequential loop whose every step depends on the one before, so its checks and
+hashes are TensorFlow and its loop is plain Python (through
+``tf.numpy_function``), the test oracle of the kernel.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import tensorflow as tf
 
 from tfcompress.ops.checks import require
@@ -27,6 +32,7 @@ __all__ = [
     "bitmap_decode",
     "bitmap_encode",
     "bloom_bit_positions",
+    "bloom_conflict_sets",
     "bloom_insert",
     "bloom_query",
     "raw_decode",
@@ -151,13 +157,15 @@ def _first_true(mask: tf.Tensor) -> tf.Tensor:
     return tf.argmax(tf.concat([tf.cast(mask, tf.int32), [0]], axis=0))
 
 
-def _check_indices(op: str, indices: tf.Tensor, dense_length: tf.Tensor) -> _Checks:
+def _check_indices(
+    op: str, indices: tf.Tensor, dense_length: tf.Tensor, what: str = "indices"
+) -> _Checks:
     """Each index in [0, d), strictly increasing (the kernels' CheckIndices)."""
     out_of_range = (indices < 0) | (indices >= dense_length)
     checks = require(
         tf.logical_not(tf.reduce_any(out_of_range)),
         lambda: [
-            f"{op}: `indices[",
+            f"{op}: `{what}[",
             _first_true(out_of_range),
             "]` is out of range [0, ",
             dense_length,
@@ -168,7 +176,7 @@ def _check_indices(op: str, indices: tf.Tensor, dense_length: tf.Tensor) -> _Che
     checks += require(
         tf.logical_not(tf.reduce_any(unordered)),
         lambda: [
-            f"{op}: `indices` must be strictly increasing, but indices[",
+            f"{op}: `{what}` must be strictly increasing, but {what}[",
             _first_true(unordered) + 1,
             "] is not above the one before",
         ],
@@ -614,3 +622,108 @@ def _concat_or_empty(found: tf.TensorArray, chunks: tf.Tensor) -> tf.Tensor:
         lambda: tf.reshape(found.concat(), [-1]),
         lambda: tf.zeros([0], tf.int64),
     )
+
+
+def bloom_conflict_sets(
+    positives: tf.Tensor,
+    dense_length: tf.Tensor,
+    num_bits: tf.Tensor,
+    num_hashes: tf.Tensor,
+    num_selected: tf.Tensor,
+    seed: tf.Tensor,
+) -> tf.Tensor:
+    """``TFCompress>BloomConflictSets``: checks and hashes in TensorFlow, the policy in Python.
+
+    Not pure TensorFlow: the selection loop (:func:`_choose_from_conflict_sets`)
+    runs in Python through ``tf.numpy_function`` (so this reference works
+    eagerly and in ``tf.function``, in this process only). It is written to be
+    read against the paper, not to be fast: each visit of a set filters its
+    member list, ``O(|C_b|)``, against the kernel's ``O(log E)``; fine for the
+    small sets of a filter sized for its ``eps``, quadratic for a degenerate
+    one (e.g. ``m = 1``). The hashes are :func:`bloom_bit_positions`, the
+    filter's own.
+    """
+    op = "BloomConflictSets"
+    with tf.control_dependencies(_check_dense_length(op, dense_length)):
+        checks = _check_indices(op, positives, dense_length, "positives")
+        checks += _check_bloom_parameters(op, num_bits, num_hashes)
+        count = tf.size(positives, out_type=tf.int64)
+        checks += require(
+            (num_selected >= 0) & (num_selected <= count),
+            lambda: [
+                f"{op}: `num_selected` (r) must be in [0, ", count,
+                "] (the number of positives), got ", num_selected,
+            ],
+        )  # fmt: skip
+        checks += require(
+            tf.equal(tf.size(seed), 2),
+            lambda: [f"{op}: `seed` must have shape [2], got [", tf.size(seed), "]"],
+        )
+    with tf.control_dependencies(checks):
+        bits = bloom_bit_positions(positives, num_bits, num_hashes)
+        selected = tf.numpy_function(
+            _choose_from_conflict_sets,
+            [positives, bits, num_selected, seed],
+            tf.int64,
+            stateful=False,
+        )
+        selected.set_shape([None])
+        return selected
+
+
+_MASK64 = (1 << 64) - 1
+
+
+def _mix64_int(z: int) -> int:
+    """SplitMix64's finaliser on a Python int (modulo 2**64)."""
+    z = ((z ^ (z >> 30)) * _MIX_MULTIPLIER_1) & _MASK64
+    z = ((z ^ (z >> 27)) * _MIX_MULTIPLIER_2) & _MASK64
+    return z ^ (z >> 31)
+
+
+def _conflict_sets_draws(seed: tuple[int, int]):
+    """The P2 policy's random stream of a seed: ``u_t = mix64(x + (t + 1) G)``, t = 0, 1, ...
+
+    ``x = mix64(s0 + G) ^ s1`` (the seed's int64s taken modulo ``2**64``):
+    SplitMix64 from the state ``x``. Counter-based: draw ``t`` depends on the
+    seed and ``t`` only.
+    """
+    s0, s1 = (int(s) & _MASK64 for s in seed)
+    state = _mix64_int((s0 + BLOOM_GAMMA) & _MASK64) ^ s1
+    t = 0
+    while True:
+        t += 1
+        yield _mix64_int((state + t * BLOOM_GAMMA) & _MASK64)
+
+
+def _choose_from_conflict_sets(
+    positives: np.ndarray, bits: np.ndarray, num_selected: np.int64, seed: np.ndarray
+) -> np.ndarray:
+    """DeepReduce's P2 selection, step by step as described in :mod:`tfcompress.codecs.index`.
+
+    ``bits[q]`` are the ``k`` filter bits of ``positives[q]``.
+    """
+    sets: dict[int, list[int]] = {}
+    for position, row in zip(positives.tolist(), bits.tolist(), strict=True):
+        for bit in set(row):
+            sets.setdefault(bit, []).append(position)  # ascending, as the positives are
+    rotation = [sets[bit] for bit in sorted(sets, key=lambda bit: (len(sets[bit]), bit))]
+    draws = _conflict_sets_draws(tuple(seed.tolist()))
+    chosen: set[int] = set()
+    wanted = int(num_selected)
+    while len(chosen) < wanted:
+        progress = False
+        for members in rotation:
+            if len(chosen) == wanted:
+                break
+            remaining = [p for p in members if p not in chosen]
+            compromised = len(remaining) < len(members)
+            members[:] = remaining
+            if compromised or not members:
+                progress = progress or compromised
+                continue
+            chosen.add(members.pop(next(draws) % len(members)))
+            progress = True
+        if not progress:  # unreachable while wanted <= len(positives)
+            raise ValueError(f"BloomConflictSets: ran out of conflict sets at {len(chosen)}")
+    return np.array(sorted(chosen), np.int64)

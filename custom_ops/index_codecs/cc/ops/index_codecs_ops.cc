@@ -3,7 +3,7 @@
 // Registration of the DeepReduce index-codec ops (Xu, Kostopoulou et al.,
 // "DeepReduce: A Sparse-tensor Communication Framework for Distributed Deep
 // Learning", NeurIPS 2021): bitmap, run length over the bitmap, delta +
-// varint, and the Bloom filter's insert and query.
+// varint, and the Bloom filter's insert, query and P2 (conflict sets) policy.
 //
 // Conventions shared by every op below (and by the pure-TF references in
 // tfcompress/ops/index_codecs.py, which must stay bit-identical):
@@ -129,6 +129,31 @@ REGISTER_OP(TFCOMPRESS_OP_NAME("BloomQuery"))
     .Input("num_hashes: int64")
     .Output("positions: int64")
     .SetShapeFn(VectorThenScalars);
+
+// DeepReduce's P2 "conflict sets" false-positive policy: num_selected (r) of
+// the positives (BloomQuery's output, ascending) chosen from the conflict
+// sets of the filter bits they hash to, with the seed's random stream; the
+// chosen positions ascending. The algorithm, its stream and its cost are in
+// ../kernels/bloom_conflict_sets.h.
+REGISTER_OP(TFCOMPRESS_OP_NAME("BloomConflictSets"))
+    .Input("positives: int64")
+    .Input("dense_length: int64")
+    .Input("num_bits: int64")
+    .Input("num_hashes: int64")
+    .Input("num_selected: int64")
+    .Input("seed: int64")
+    .Output("selected: int64")
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle unused;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 1, &unused));
+      for (int i = 1; i < 5; ++i) {
+        TF_RETURN_IF_ERROR(c->WithRank(c->input(i), 0, &unused));
+      }
+      // The seed's length is left to the kernel, like every value check.
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(5), 1, &unused));
+      c->set_output(0, c->Vector(InferenceContext::kUnknownDim));
+      return absl::OkStatus();
+    });
 
 }  // namespace tfcompress
 }  // namespace tensorflow
