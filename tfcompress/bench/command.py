@@ -25,6 +25,11 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     )
     ops.add_argument("--repeats", type=int, default=7, help="timed repetitions (median)")
     ops.add_argument("--only", nargs="*", help="labels to run (default: all)")
+    ops.add_argument(
+        "--kernels-only",
+        action="store_true",
+        help="skip the pure-TF references (slow at 25M elements for the Bloom filter)",
+    )
     ops.add_argument("--out", default=None, help="folder for ops.md, ops.json and ops.png")
     ops.add_argument("--plot", action="store_true", help="also draw ops.png (matplotlib)")
     _configure_aggregate(benchmarks)

@@ -210,11 +210,13 @@ absl::Status CheckBloomParameters(const char* op, const Tensor& num_bits_tensor,
 constexpr int64_t kQueryChunk = 512;
 
 // The query loop for one range reduction (reduce(x) is ReduceToBit(x, m)).
-// About half of all positions fail hash 0 and half of the rest hash 1, at
-// random: as branches those tests mispredict about every other time, so the
-// first two hashes are tested without branches, in stages over a chunk of
-// positions (each stage compacts the survivors into the scratch arrays), and
-// only the quarter left takes the branchy loop over hashes 2 .. k-1.
+// Each hash rejects about half of the positions still in the running, at
+// random: as branches those tests would mispredict about every other time.
+// So the positions of a chunk go through the hashes in rounds, without
+// branches: round i tests hash i of every survivor of round i - 1 and
+// compacts the survivors in place (scratch arrays that stay in L1). The
+// rounds cost about twice the first one, and the loop is bound by the
+// filter's memory accesses once the filter outgrows the L2 cache.
 template <typename Reduce>
 void QueryRange(const uint8_t* bits, uint64_t k, int64_t begin, int64_t end,
                 Reduce reduce, std::vector<int64_t>* found) {
@@ -222,38 +224,44 @@ void QueryRange(const uint8_t* bits, uint64_t k, int64_t begin, int64_t end,
     return (bits[bit >> 3] >> (bit & 7)) & 1;
   };
   int64_t candidates[kQueryChunk];
-  uint64_t first[kQueryChunk];
-  uint64_t step[kQueryChunk];
+  uint64_t hash[kQueryChunk];  // h1 + i h2 of the round
+  uint64_t step[kQueryChunk];  // h2
   for (int64_t chunk = begin; chunk < end; chunk += kQueryChunk) {
     const int64_t chunk_end = std::min(end, chunk + kQueryChunk);
     int64_t n = 0;
     for (int64_t p = chunk; p < chunk_end; ++p) {  // hash 0
       const uint64_t h1 = Mix64(static_cast<uint64_t>(p) + kSplitMixGamma);
       candidates[n] = p;
-      first[n] = h1;
+      hash[n] = h1;
       n += is_set(reduce(h1));
     }
-    int64_t kept = 0;
-    for (int64_t j = 0; j < n; ++j) {  // hash 1 (every position passes if k = 1)
-      const int64_t p = candidates[j];
-      const uint64_t h1 = first[j];
-      const uint64_t h2 =
-          Mix64(static_cast<uint64_t>(p) + 2 * kSplitMixGamma) | 1;
-      candidates[kept] = p;
-      first[kept] = h1;
-      step[kept] = h2;
-      kept += (k < 2) | is_set(reduce(h1 + h2));
-    }
-    for (int64_t j = 0; j < kept; ++j) {  // hashes 2 .. k-1
-      const uint64_t h2 = step[j];
-      uint64_t x = first[j] + 2 * h2;
-      uint64_t i = 2;
-      while (i < k && is_set(reduce(x))) {
-        ++i;
-        x += h2;
+    if (k > 1) {  // hash 1: h2 is computed for the survivors of hash 0 only
+      int64_t kept = 0;
+      for (int64_t j = 0; j < n; ++j) {
+        const int64_t p = candidates[j];
+        const uint64_t h2 =
+            Mix64(static_cast<uint64_t>(p) + 2 * kSplitMixGamma) | 1;
+        const uint64_t x = hash[j] + h2;
+        candidates[kept] = p;
+        hash[kept] = x;
+        step[kept] = h2;
+        kept += is_set(reduce(x));
       }
-      if (i >= k) found->push_back(candidates[j]);
+      n = kept;
     }
+    for (uint64_t i = 2; i < k && n > 0; ++i) {  // hashes 2 .. k-1
+      int64_t kept = 0;
+      for (int64_t j = 0; j < n; ++j) {
+        const uint64_t x = hash[j] + step[j];
+        const uint64_t h2 = step[j];
+        candidates[kept] = candidates[j];
+        hash[kept] = x;
+        step[kept] = h2;
+        kept += is_set(reduce(x));
+      }
+      n = kept;
+    }
+    found->insert(found->end(), candidates, candidates + n);
   }
 }
 
