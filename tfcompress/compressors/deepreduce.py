@@ -88,7 +88,10 @@ class DeepReduce(Compressor):
       ``eps = 1e-3`` instead of 32). Its false positives are handled by a
       policy: ``"p0"`` sends the values at every positive (exact),
       ``"leftmost"`` the first ``r`` positives, ``"random"`` (P1) ``r``
-      positives drawn with a seed shared by all workers;
+      positives drawn with a seed shared by all workers, ``"conflict_sets"``
+      (P2, alias ``"p2"``) ``r`` positives drawn from the filter bits' conflict
+      sets, smallest first (a bit set by one positive only names a true
+      index: it keeps 99.8% of them at top 1%);
     * values (:mod:`tfcompress.codecs.values`), in the gradient's own dtype:
       ``"raw"`` (its bytes: 2 per float16/bfloat16 value, 4 per float32, 8
       per float64; lossless), ``"fp16"`` (float16; bfloat16 as it is),
