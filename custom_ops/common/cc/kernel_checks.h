@@ -42,6 +42,28 @@ inline absl::Status CheckVector(const char* op, const char* what,
   return absl::OkStatus();
 }
 
+// OK iff `tensor` is a 1-D int64 vector of positions, strictly increasing,
+// each in [0, dense_length); the messages name it `what`.
+inline absl::Status CheckAscendingPositions(const char* op, const char* what,
+                                            const Tensor& tensor,
+                                            int64_t dense_length) {
+  TF_RETURN_IF_ERROR(CheckVector(op, what, tensor));
+  const auto positions = tensor.flat<int64_t>();
+  for (int64_t j = 0; j < positions.size(); ++j) {
+    if (positions(j) < 0 || positions(j) >= dense_length) {
+      return InvalidArgument(op, ": `", what, "[", j, "]` = ", positions(j),
+                             " is out of range [0, ", dense_length, ")");
+    }
+    if (j > 0 && positions(j) <= positions(j - 1)) {
+      return InvalidArgument(op, ": `", what,
+                             "` must be strictly increasing, but ", what, "[",
+                             j - 1, "] = ", positions(j - 1), " and ", what,
+                             "[", j, "] = ", positions(j));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace tfcompress
 }  // namespace tensorflow
 

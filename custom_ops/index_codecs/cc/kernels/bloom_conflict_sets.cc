@@ -169,22 +169,7 @@ class ConflictSets {
 
 // `positives` is 1-D, strictly increasing, in [0, dense_length).
 absl::Status CheckPositives(const Tensor& tensor, int64_t dense_length) {
-  TF_RETURN_IF_ERROR(CheckVector(kOp, "positives", tensor));
-  const auto positives = tensor.flat<int64_t>();
-  for (int64_t j = 0; j < positives.size(); ++j) {
-    if (positives(j) < 0 || positives(j) >= dense_length) {
-      return InvalidArgument(kOp, ": `positives[", j, "]` = ", positives(j),
-                             " is out of range [0, ", dense_length, ")");
-    }
-    if (j > 0 && positives(j) <= positives(j - 1)) {
-      return InvalidArgument(kOp,
-                             ": `positives` must be strictly increasing, but "
-                             "positives[",
-                             j - 1, "] = ", positives(j - 1), " and positives[",
-                             j, "] = ", positives(j));
-    }
-  }
-  return absl::OkStatus();
+  return CheckAscendingPositions(kOp, "positives", tensor, dense_length);
 }
 
 // Reads the int64 scalar input `what` ("<op>: `<what>`<symbol> must be in

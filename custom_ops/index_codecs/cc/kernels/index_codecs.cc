@@ -59,23 +59,7 @@ absl::Status ReadDenseLength(const char* op, const Tensor& tensor,
 // `indices` must be 1-D, strictly increasing, each in [0, dense_length).
 absl::Status CheckIndices(const char* op, const Tensor& tensor,
                           int64_t dense_length) {
-  TF_RETURN_IF_ERROR(CheckVector(op, "indices", tensor));
-  const auto indices = tensor.flat<int64_t>();
-  const int64_t r = indices.size();
-  for (int64_t j = 0; j < r; ++j) {
-    if (indices(j) < 0 || indices(j) >= dense_length) {
-      return InvalidArgument(op, ": `indices[", j, "]` = ", indices(j),
-                             " is out of range [0, ", dense_length, ")");
-    }
-    if (j > 0 && indices(j) <= indices(j - 1)) {
-      return InvalidArgument(op,
-                             ": `indices` must be strictly increasing, but "
-                             "indices[",
-                             j - 1, "] = ", indices(j - 1), " and indices[",
-                             j, "] = ", indices(j));
-    }
-  }
-  return absl::OkStatus();
+  return CheckAscendingPositions(op, "indices", tensor, dense_length);
 }
 
 int BitLength(uint64_t value) {
