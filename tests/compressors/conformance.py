@@ -33,7 +33,7 @@ import pytest
 import tensorflow as tf
 
 from tfcompress import ops
-from tfcompress.compressors import Compressor, TensorContext, get, payload_nbytes
+from tfcompress.compressors import Compressor, TensorContext, get, payload_nbytes, sum_in_process
 
 SHAPES = [(0,), (1,), (7,), (3, 5), (4, 3, 3, 2), (1025,)]
 DTYPES = [tf.float16, tf.bfloat16, tf.float32, tf.float64]
@@ -93,6 +93,8 @@ class CompressorConformance:
     usable_unbound: bool = True
     #: Variables after one compress/decompress (None: not checked).
     num_variables: int | None = None
+    #: Shape of the summable claim's tensors.
+    summable_claim_shape: tuple = (64,)
 
     def make(self) -> Compressor:
         raise NotImplementedError
@@ -179,9 +181,14 @@ class CompressorConformance:
 
     @staticmethod
     def round_trip(c: Compressor, x: tf.Tensor) -> tf.Tensor:
-        """What the cross-device ops make of one worker's tensor (decode or aggregate)."""
-        payload = c.compress(x)
-        return c.decompress(payload) if c.summable else c.aggregate([payload])
+        """What the cross-device ops make of one worker's tensor (decode or aggregate).
+
+        Summable compressors go through every all-reduce round
+        (:func:`~tfcompress.compressors.sum_in_process` with one worker).
+        """
+        if c.summable:
+            return sum_in_process([c], [x])[0]
+        return c.aggregate([c.compress(x)])
 
     # -- the standard tests ---------------------------------------------------------------------
 
@@ -275,13 +282,20 @@ class CompressorConformance:
         tolerance), or exactly the sum of the decoded payloads for lossy ones.
         """
         del implementation
-        c = self.build(variant, (64,), tf.float32)
-        xs = [random_tensor((64,), tf.float32, seed=s) for s in range(3)]
-        payloads = [c.compress(x) for x in xs]
+        shape = self.summable_claim_shape
+        c = self.build(variant, shape, tf.float32)
+        xs = [random_tensor(shape, tf.float32, seed=s) for s in range(3)]
         rtol = self.tolerance(tf.float32, variant)
-        if rtol is None:
-            decoded = tf.add_n([c.decompress(p) for p in payloads])
-        got = c.decompress(sum_payloads(payloads)) if c.summable else c.aggregate(payloads)
+        if c.rounds > 1:
+            # Several rounds: each worker's share (decompress after the last
+            # round) sums to the decoded sum; the shares need the rounds.
+            got = self.summed_shares_match(c, xs)
+            decoded = got
+        else:
+            payloads = [c.compress(x) for x in xs]
+            if rtol is None:
+                decoded = tf.add_n([c.decompress(p) for p in payloads])
+            got = c.decompress(sum_payloads(payloads)) if c.summable else c.aggregate(payloads)
         if rtol is not None:
             tolerance = max(rtol * 3, 1e-6)
             np.testing.assert_allclose(
@@ -291,6 +305,18 @@ class CompressorConformance:
             np.testing.assert_allclose(got.numpy(), decoded.numpy(), rtol=1e-6, atol=1e-6)
         else:
             np.testing.assert_array_equal(got.numpy(), decoded.numpy())
+
+    @staticmethod
+    def summed_shares_match(c: Compressor, xs: list[tf.Tensor]) -> tf.Tensor:
+        """Multi-round: runs the rounds by hand; each worker's share sums to ``finish``."""
+        own = [c.compress(x) for x in xs]
+        for r in range(1, c.rounds):
+            summed = sum_payloads(own)
+            own = [c.next_round(r, p, summed) for p in own]
+        total = c.finish(own[0], sum_payloads(own))
+        shares = tf.add_n([c.decompress(p) for p in own])
+        np.testing.assert_allclose(total.numpy(), shares.numpy(), rtol=1e-5, atol=1e-5)
+        return total
 
     def test_checkpoint_round_trip(self, variant, tmp_path):
         shape = (10,)

@@ -8,13 +8,20 @@ one module per algorithm, each registering its classes <- this package, which
 only re-exports.
 """
 
-from tfcompress.compressors.base import Compressor, Payload, Schedule, payload_nbytes
+from tfcompress.compressors.base import (
+    Compressor,
+    Payload,
+    Schedule,
+    payload_nbytes,
+    sum_in_process,
+)
 from tfcompress.compressors.deepreduce import DeepReduce
 from tfcompress.compressors.diana import DIANA
 from tfcompress.compressors.error_feedback import ErrorFeedback
 from tfcompress.compressors.fp16 import FP16
 from tfcompress.compressors.gradiveq import GradiVeQ
 from tfcompress.compressors.identity import Identity
+from tfcompress.compressors.powersgd import PowerSGD
 from tfcompress.compressors.pquant import PQuant
 from tfcompress.compressors.qsgd import QSGD
 from tfcompress.compressors.randomk import RandomK
@@ -43,6 +50,7 @@ __all__ = [
     "Identity",
     "PQuant",
     "Payload",
+    "PowerSGD",
     "RandomK",
     "Schedule",
     "SeededNoise",
@@ -61,4 +69,5 @@ __all__ = [
     "payload_nbytes",
     "register",
     "stateless_seed",
+    "sum_in_process",
 ]

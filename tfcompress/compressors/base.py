@@ -29,6 +29,23 @@ this module <- :mod:`~tfcompress.compressors.registry` and the sparsifier
 interface (:mod:`~tfcompress.compressors.sparsifier`) <- one module per
 algorithm <- the package's ``__init__``; every module imports downward only.
 
+*Multi-round* summable compressors need several all-reduces with computation
+between them (PowerSGD: ``P = M Q``, all-reduce ``P``, orthogonalise,
+``Q = M^T P``, all-reduce ``Q``). They set :attr:`Compressor.rounds` and
+implement :meth:`Compressor.next_round` and :meth:`Compressor.finish`; the
+cross-device ops run, for every pack of tensors::
+
+    own = [c.compress(x) for each tensor]                  # round 0
+    summed = all-reduce(own)                               # one collective per dtype
+    for r in 1 .. rounds - 1:                              # tensors with more rounds
+        own = [c.next_round(r, own, summed)]               # local computation
+        summed = all-reduce(own)
+    decoded = [c.finish(own, summed)]
+
+``own`` is this worker's payload of the latest round: its ``local`` part
+carries what the next round needs (PowerSGD: ``M`` and ``P``) and is never
+sent. A single-round compressor's ``finish`` is ``decompress(summed)``.
+
 *Phased* compressors change their wire format over time (GradiVeQ's sampling
 and compressed iterations, a warm-up schedule). They return a
 :class:`Schedule` from :meth:`Compressor.schedule`; their bound compressors
@@ -54,6 +71,7 @@ __all__ = [
     "TensorContext",
     "num_elements",
     "payload_nbytes",
+    "sum_in_process",
 ]
 
 _UNBOUND = TensorContext()
@@ -111,6 +129,36 @@ def payload_nbytes(payload: Payload) -> tf.Tensor:
     for t in payload.tensors.values():
         total += tf.size(t, out_type=tf.int64) * t.dtype.size
     return total
+
+
+def sum_in_process(compressors: Sequence[Compressor], xs: Sequence[tf.Tensor]) -> list[tf.Tensor]:
+    """What the all-reduce path computes for a summable compressor, in one process.
+
+    Worker ``w`` compresses ``xs[w]`` with ``compressors[w]`` (the same object
+    for every worker of a stateless compressor, one bound copy per worker of
+    a stateful one); payloads are summed round by round as the collective
+    all-reduce would (``tf.add_n``, not bit-identical to the ring's order),
+    and every worker finishes. Useful in tests and to see a multi-round
+    compressor at work without a cluster.
+
+    Returns:
+      Each worker's decoded sum (equal across workers up to summation order).
+    """
+    if len(compressors) != len(xs) or not xs:
+        raise ValueError(f"need one compressor per tensor; got {len(compressors)} and {len(xs)}")
+    if not all(c.summable for c in compressors):
+        raise ValueError("sum_in_process needs summable compressors (the all-reduce path)")
+
+    def total(payloads: list[Payload]) -> Payload:
+        names = payloads[0].tensors
+        return payloads[0].replace({k: tf.add_n([p.tensors[k] for p in payloads]) for k in names})
+
+    own = [c.compress(x) for c, x in zip(compressors, xs, strict=True)]
+    summed = total(own)
+    for r in range(1, compressors[0].rounds):
+        own = [c.next_round(r, p, summed) for c, p in zip(compressors, own, strict=True)]
+        summed = total(own)
+    return [c.finish(p, summed) for c, p in zip(compressors, own, strict=True)]
 
 
 class Schedule:
@@ -178,6 +226,10 @@ class Compressor:
     #: shard owner can sum them and re-compress the sum (two-stage
     #: aggregation). False for majority votes and shifted estimates (DIANA).
     sums_payloads: bool = True
+
+    #: All-reduce rounds of a summable compressor (see the module docstring):
+    #: 1 for every compressor whose payload sum decodes directly; PowerSGD: 2.
+    rounds: int = 1
 
     #: True when the compressor keeps per-tensor state (counters, memories,
     #: shifts): :meth:`bind` then returns a copy that owns it.
@@ -294,6 +346,35 @@ class Compressor:
     def decompress(self, payload: Payload) -> tf.Tensor:
         """Decodes a payload into a tensor of the original shape and dtype."""
         raise NotImplementedError
+
+    def next_round(self, round_index: int, own: Payload, summed: Payload) -> Payload:
+        """This worker's payload of round ``round_index`` (multi-round summable compressors).
+
+        Args:
+          round_index: in ``[1, rounds)``.
+          own: this worker's payload of the previous round, with its ``local`` part.
+          summed: the all-reduced sum of every worker's payloads of the previous round.
+
+        Returns:
+          The payload to all-reduce next; it may have no tensors (a tensor
+          that finished early, e.g. one PowerSGD sends exact in round 0).
+        """
+        del own, summed
+        raise ValueError(
+            f"{type(self).__name__} has {self.rounds} all-reduce round(s); "
+            f"there is no round {round_index}"
+        )
+
+    def finish(self, own: Payload, summed: Payload) -> tf.Tensor:
+        """The sum of every worker's tensor from the last round's payloads.
+
+        ``own`` is this worker's payload of the last round (with its ``local``
+        part), ``summed`` the all-reduced sum. Stateful multi-round compressors
+        update their state here (PowerSGD: error memory and warm start).
+        Single-round compressors decode the sum.
+        """
+        del own
+        return self.decompress(summed)
 
     def aggregate(self, payloads: Sequence[Payload]) -> tf.Tensor:
         """Combines the payloads of all workers into the sum of their tensors.

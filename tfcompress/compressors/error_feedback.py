@@ -63,6 +63,12 @@ class ErrorFeedback(Compressor):
             raise ValueError("ErrorFeedback(inner=...) needs a compressor, e.g. TopK(ratio=0.01)")
         if isinstance(inner, ErrorFeedback):
             raise ValueError("ErrorFeedback(inner=ErrorFeedback(...)): nesting adds nothing")
+        if inner.rounds > 1:
+            raise ValueError(
+                f"ErrorFeedback(inner={inner!r}): a compressor with {inner.rounds} all-reduce "
+                "rounds decodes only after all of them; use its own error feedback option "
+                "(PowerSGD(error_feedback=True))"
+            )
         self.inner = inner
         self.summable = inner.summable
         self.fusable = inner.fusable

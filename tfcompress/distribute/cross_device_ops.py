@@ -357,16 +357,37 @@ class CompressingCollectiveAllReduce(internal.CollectiveAllReduceHook):
     # -- one pack on each path -------------------------------------------------------------
 
     def _all_reduce_pack(self, units, xs, replica_id, options, start) -> dict:
-        """Summable payloads: all-reduced, decoded once (shard by shard on the two-stage path)."""
+        """Summable payloads: all-reduced round by round, decoded once.
+
+        Multi-round compressors (``rounds > 1``, PowerSGD) compute their next
+        payloads from each round's sum; every round of the pack is one
+        collective per dtype. The computation between rounds counts as
+        compression time.
+        """
         payloads = [u.compress_all(x) for u, x in zip(units, xs, strict=True)]
-        flat = [p for ps in payloads for p in ps]
-        tensors = _payload_tensors(flat)
+        coders = [c for u in units for c in u.payload_compressors]
+        own = [p for ps in payloads for p in ps]
+        tensors = _payload_tensors(own)
         compressed = _timestamp_after(tensors, start)
-        summed, sent = self._all_reduce_payloads(flat, replica_id, options)
+        summed, sent = self._all_reduce_payloads(own, replica_id, options)
+        between = tf.constant(0.0, tf.float64)
+        for r in range(1, max(c.rounds for c in coders)):
+            arrived = _timestamp_after(_payload_tensors(summed), compressed)
+            active = [i for i, c in enumerate(coders) if c.rounds > r]
+            for i in active:
+                own[i] = coders[i].next_round(r, own[i], summed[i])
+            computed = _timestamp_after(_payload_tensors([own[i] for i in active]), arrived)
+            between += _elapsed(arrived, computed)
+            round_sums, round_sent = self._all_reduce_payloads(
+                [own[i] for i in active], replica_id, options
+            )
+            sent += round_sent
+            for i, s in zip(active, round_sums, strict=True):
+                summed[i] = s
         received = _timestamp_after(_payload_tensors(summed), compressed)
         decoded, k = [], 0
         for u, x, ps in zip(units, xs, payloads, strict=True):
-            decoded.append(u.decompress_all(summed[k : k + len(ps)], x))
+            decoded.append(u.finish_all(own[k : k + len(ps)], summed[k : k + len(ps)], x))
             k += len(ps)
         done = _timestamp_after(decoded, received)
         return {
@@ -374,7 +395,7 @@ class CompressingCollectiveAllReduce(internal.CollectiveAllReduceHook):
             "decoded": decoded,
             "amounts": {
                 "bytes_sent": sent,
-                "compress_seconds": _elapsed(start, compressed),
+                "compress_seconds": _elapsed(start, compressed) + between,
                 "decompress_seconds": _elapsed(received, done),
             },
             "times": [start, compressed, received, done],
@@ -702,12 +723,22 @@ class _UnitCompressors:
         shards = aggregation.shard(x, len(self.shards))
         return [c.compress(s) for c, s in zip(self.shards, shards, strict=True)]
 
-    def decompress_all(self, payloads: list[Payload], like: tf.Tensor) -> tf.Tensor:
-        """Inverse of :meth:`compress_all` for summed payloads, shaped like ``like``."""
-        if self.shards is None:
-            return self.whole.decompress(payloads[0])
-        parts = [c.decompress(p) for c, p in zip(self.shards, payloads, strict=True)]
-        return aggregation.unshard(parts, like)
+    @property
+    def payload_compressors(self) -> list[Compressor]:
+        """The compressor of each payload of :meth:`compress_all`, in order."""
+        return [self.whole] if self.shards is None else list(self.shards)
+
+    def finish_all(self, own: list[Payload], summed: list[Payload], like: tf.Tensor) -> tf.Tensor:
+        """The unit's decoded sum from the last round's payloads, shaped like ``like``.
+
+        ``own`` are this replica's payloads of the last round, ``summed`` their
+        all-reduced sums (see :meth:`Compressor.finish`).
+        """
+        parts = [
+            c.finish(o, s)
+            for c, o, s in zip(self.payload_compressors, own, summed, strict=True)
+        ]
+        return parts[0] if self.shards is None else aggregation.unshard(parts, like)
 
     def owners(self, key: str) -> list[tuple[str, Compressor]]:
         """(state key, compressor) of every compressor of the unit, for the checkpoint."""
