@@ -69,6 +69,13 @@ DEMO_SETTINGS: dict[str, list[tuple[str, list[str]]]] = {
             ],
         )
     ],
+    # ~188 steps by default: exact for 40, then rank 2 (PyTorch's hook starts at 1,000)
+    "powersgd": [
+        (
+            "powersgd rank 2",
+            ["--compression", "powersgd", "--option", "rank=2", "--option", "start_step=40"],
+        )
+    ],
     # ~188 steps by default: warm-up 40, then blocks of 30 sampling + 60 compressed
     "gradiveq": [
         (

@@ -181,6 +181,9 @@ VARIANTS: dict[str, Variant] = {
     "topk 1% + EF": Variant("topk", {"ratio": 0.01}, "error_feedback"),
     "diana(qsgd 4-bit)": Variant("qsgd", {"bits": 4, "seed": 1}, "diana"),
     "deepreduce": Variant("deepreduce", {"index_codec": "bloom", "value_codec": "qsgd"}),
+    # Two all-reduce rounds per call; compressed from the first (the trace) call on.
+    "powersgd rank 2": Variant("powersgd", {"rank": 2, "start_step": 0}),
+    "powersgd rank 4": Variant("powersgd", {"rank": 4, "start_step": 0}),
     # Phased: the one exact warm-up step is the untimed trace call (module docstring).
     "gradiveq": Variant("gradiveq", {"warmup_steps": 1}),
     "gradiveq paper": Variant("gradiveq", {"warmup_steps": 1}, preset="GradiVeQ.paper"),
