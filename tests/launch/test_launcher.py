@@ -381,3 +381,64 @@ def test_launch_does_not_import_tensorflow():
         timeout=60,
     )
     assert completed.stdout.strip() == "False", completed.stderr
+
+
+def test_sigkilled_launcher_leaves_no_worker_behind():
+    """The watchdog stops the workers of a launcher killed outright."""
+    worker = python_worker(
+        """
+        import os, time
+        print("pid", os.getpid(), flush=True)
+        time.sleep(60)
+        """
+    )
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "tfcompress.launch", "-n", "2", "--grace-period", "1", "--", *worker],
+        env=launcher_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    pids = []
+    try:
+        while len(pids) < 2:
+            line = launcher.stdout.readline()
+            assert line, f"launcher ended early: {launcher.stderr.read()}"
+            if " pid " in line:
+                pids.append(int(line.split()[-1]))
+        launcher.kill()
+        launcher.wait()
+        deadline = time.monotonic() + 10
+        while any(process_alive(pid) for pid in pids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not any(process_alive(pid) for pid in pids)
+        assert "watchdog" in launcher.stderr.read()
+    finally:
+        for pid in pids:
+            if process_alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_workers_left_running_after_a_peer_exits_are_stopped():
+    worker = python_worker(
+        """
+        import os, sys, time
+        if os.environ["TFCOMPRESS_WORKER_INDEX"] == "0":
+            sys.exit(0)
+        time.sleep(60)
+        """
+    )
+    started = time.monotonic()
+    result = launch(worker, 2, exit_grace=1.0, grace_period=1.0, stream=None)
+    assert time.monotonic() - started < 20
+    assert result.returncode == 124 and result.exit_grace_expired
+    assert result.worker_returncodes[0] == 0 and result.stopped_workers == [1]
+    assert "worker 0 exited 0" in result.error and "--exit-grace" in result.error
+    assert_no_workers_left(result)
+
+
+def test_normal_end_tells_the_watchdog_to_touch_nothing():
+    result = launch(python_worker("print('ok')"), 2, timeout=60, stream=None)
+    assert result.returncode == 0 and result.error is None
+    with pytest.raises(ValueError, match="exit_grace"):
+        launch(["true"], 1, exit_grace=-1)

@@ -403,7 +403,9 @@ def test_signal_to_launcher_removes_namespaces(signum):
 
 
 @requires_netns
-def test_next_start_removes_what_a_killed_launcher_left(leaves_nothing_behind):
+def test_watchdog_cleans_up_after_a_sigkilled_launcher():
+    """SIGKILL gives the launcher no chance to clean up; its watchdog stops the
+    workers and deletes the namespaces."""
     worker = python_worker(
         """
         import os, time
@@ -420,6 +422,8 @@ def test_next_start_removes_what_a_killed_launcher_left(leaves_nothing_behind):
             "2",
             "--bandwidth",
             "1gbit",
+            "--grace-period",
+            "1",
             "--",
             *worker,
         ],
@@ -427,28 +431,41 @@ def test_next_start_removes_what_a_killed_launcher_left(leaves_nothing_behind):
         stdout=subprocess.PIPE,
         text=True,
     )
-    alive = subprocess.Popen(["sleep", "60"])
-    live_launchers_namespace = f"tfc-{alive.pid}-0-w0"
-    not_ours = "tfc-test-not-a-launcher"
+    orphans = []
     try:
         orphans = [int(crashed.stdout.readline().split()[-1]) for _ in range(2)]
+        assert len(namespaces_of(crashed.pid)) == 3
         crashed.kill()
         crashed.wait()
-        stale = namespaces_of(crashed.pid)
-        assert len(stale) == 3 and all(process_alive(pid) for pid in orphans)
-        for name in (live_launchers_namespace, not_ours):
-            subprocess.run(["ip", "netns", "add", name], check=True)
-
-        result = launch(["true"], 1, timeout=30, bandwidth="1gbit", stream=None)
-        assert result.returncode == 0, result.format_logs()
-        assert namespaces_of(crashed.pid) == []
         assert wait_until(lambda: not any(process_alive(pid) for pid in orphans))
-        assert {live_launchers_namespace, not_ours} <= set(namespaces())
+        assert wait_until(lambda: namespaces_of(crashed.pid) == [])
     finally:
         for pid in orphans:
             if process_alive(pid):
                 os.kill(pid, signal.SIGKILL)
-        for name in (live_launchers_namespace, not_ours, *namespaces_of(crashed.pid)):
+        for name in namespaces_of(crashed.pid):
+            subprocess.run(["ip", "netns", "delete", name], capture_output=True)
+
+
+@requires_netns
+def test_next_start_removes_what_a_dead_launcher_left(leaves_nothing_behind):
+    """Namespaces named after a launcher pid that no longer runs (launcher and
+    watchdog both killed) are removed by the next start; others are left alone."""
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    alive = subprocess.Popen(["sleep", "60"])
+    stale = [f"tfc-{dead.pid}-0-sw", f"tfc-{dead.pid}-0-w0"]
+    live_launchers_namespace = f"tfc-{alive.pid}-0-w0"
+    not_ours = "tfc-test-not-a-launcher"
+    try:
+        for name in (*stale, live_launchers_namespace, not_ours):
+            subprocess.run(["ip", "netns", "add", name], check=True)
+        result = launch(["true"], 1, timeout=30, bandwidth="1gbit", stream=None)
+        assert result.returncode == 0, result.format_logs()
+        assert namespaces_of(dead.pid) == []
+        assert {live_launchers_namespace, not_ours} <= set(namespaces())
+    finally:
+        for name in (live_launchers_namespace, not_ours, *namespaces_of(dead.pid)):
             subprocess.run(["ip", "netns", "delete", name], capture_output=True)
         alive.kill()
         alive.wait()

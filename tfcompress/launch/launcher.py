@@ -9,7 +9,12 @@ one machine::
 The launcher streams every worker's output live, prefixed with ``[worker i] ``, keeps
 each worker's full log, and never leaves a worker behind: when one worker fails, the
 run times out, or the launcher itself is interrupted, every worker's process group is
-sent SIGTERM and, after a grace period, SIGKILL.
+sent SIGTERM and, after a grace period, SIGKILL. Nothing waits forever either: when
+one worker exits 0 while others keep running (peers that wait for it would hang in
+their next collective), they get ``exit_grace`` seconds to finish, then are stopped
+with a message; and if the launcher itself is killed, even by SIGKILL, a watchdog
+process (:mod:`tfcompress.launch.watchdog`) stops the workers and deletes the
+namespaces.
 
 With ``--bandwidth`` (root only), the workers talk over links of that speed instead of
 unlimited loopback: each runs in a network namespace of its own behind a shaped
@@ -43,6 +48,7 @@ from typing import IO, TextIO
 from tfcompress.launch import netns
 
 __all__ = [
+    "DEFAULT_EXIT_GRACE",
     "DEFAULT_GRACE_PERIOD",
     "NETNS_PORT_BASE",
     "TIMEOUT_EXIT_CODE",
@@ -58,6 +64,9 @@ LOCALHOST = "127.0.0.1"
 
 #: Seconds between SIGTERM and SIGKILL when the launcher stops a worker.
 DEFAULT_GRACE_PERIOD = 5.0
+
+#: Seconds the other workers may run on after one exited 0, before they are stopped.
+DEFAULT_EXIT_GRACE = 120.0
 
 #: Exit code of a timed-out run, as GNU ``timeout`` uses it.
 TIMEOUT_EXIT_CODE = 124
@@ -109,6 +118,10 @@ class LaunchResult:
         timeout: The timeout the run had, in seconds.
         worker_pids: Process id of each worker (also its process group id).
         worker_addresses: Each worker's ``host:port``, as in its ``TF_CONFIG``.
+        exit_grace_expired: Whether the run was stopped because workers kept running
+            ``exit_grace`` seconds after one had exited 0 (returncode 124).
+        first_exited: Index of the first worker that exited 0 while others ran.
+        exit_grace: The run's ``exit_grace``, in seconds.
     """
 
     returncode: int
@@ -119,6 +132,9 @@ class LaunchResult:
     timeout: float | None = None
     worker_pids: list[int] = dataclasses.field(default_factory=list)
     worker_addresses: list[str] = dataclasses.field(default_factory=list)
+    exit_grace_expired: bool = False
+    first_exited: int | None = None
+    exit_grace: float | None = None
 
     @property
     def stopped_workers(self) -> list[int]:
@@ -131,6 +147,13 @@ class LaunchResult:
         if self.timed_out:
             return (
                 f"timed out after {self.timeout:g} s; workers still running: {self.stopped_workers}"
+            )
+        if self.exit_grace_expired:
+            return (
+                f"worker {self.first_exited} exited 0, but workers {self.stopped_workers} "
+                f"were still running {self.exit_grace:g} s later (a peer that left early "
+                "makes the others wait in their next collective); stopped them "
+                "(--exit-grace sets the wait)"
             )
         if self.failed_worker is not None:
             code = self.worker_returncodes[self.failed_worker]
@@ -239,6 +262,7 @@ def launch(
     grace_period: float = DEFAULT_GRACE_PERIOD,
     bandwidth: str | None = None,
     latency_ms: float | None = None,
+    exit_grace: float | None = DEFAULT_EXIT_GRACE,
 ) -> LaunchResult:
     """Runs ``command`` as ``num_workers`` local workers and waits for all of them.
 
@@ -249,7 +273,8 @@ def launch(
     signalling its whole process group, so its children go too.
 
     The run ends when every worker has exited 0, when one exits non-zero (the others
-    are stopped), when ``timeout`` elapses (all are stopped), or on KeyboardInterrupt
+    are stopped), when ``timeout`` elapses (all are stopped), when workers still run
+    ``exit_grace`` seconds after one exited 0 (they are stopped), or on KeyboardInterrupt
     or SIGTERM to this process (all are stopped, then the interrupt propagates: SIGTERM
     as ``SystemExit(143)``, and only when SIGTERM had its default handler and this is
     the main thread; SIGHUP likewise, as ``SystemExit(129)``).
@@ -258,7 +283,8 @@ def launch(
     switch that limits its link to ``bandwidth`` in each direction (see
     :class:`~tfcompress.launch.netns.BandwidthLimitedCluster`); its ``TF_CONFIG``
     address is its namespace's, its port ``NETNS_PORT_BASE + i`` by default. The
-    namespaces are deleted when the run ends, however it ends. This needs root, ``ip``
+    namespaces are deleted when the run ends, however it ends (a SIGKILLed launcher's
+    watchdog deletes them). This needs root, ``ip``
     and ``tc``; without ``bandwidth``, workers share the loopback at full speed.
 
     Args:
@@ -275,6 +301,9 @@ def launch(
             ``"1gbit"``; ``None`` for unlimited loopback.
         latency_ms: One-way delay between any two workers, in milliseconds (a round
             trip takes ``2 * latency_ms`` longer); needs ``bandwidth``.
+        exit_grace: Seconds the other workers may run after one exited 0 (``None``:
+            no limit). Multi-worker programs end together; a worker that returns
+            early leaves its peers waiting in their next collective.
 
     Returns:
         The run's :class:`LaunchResult`.
@@ -294,6 +323,8 @@ def launch(
         raise ValueError(f"num_workers must be >= 1, got {num_workers}")
     if timeout is not None and timeout <= 0:
         raise ValueError(f"timeout must be positive, got {timeout}")
+    if exit_grace is not None and exit_grace < 0:
+        raise ValueError(f"exit_grace must be >= 0, got {exit_grace}")
     network = None
     if bandwidth is not None:
         network = netns.BandwidthLimitedCluster(num_workers, bandwidth, latency_ms)
@@ -308,8 +339,9 @@ def launch(
     ports = list(ports)
     if len(ports) != num_workers:
         raise ValueError(f"need {num_workers} ports, got {len(ports)}")
+    ip_program = "ip"
     if network is not None:
-        netns.check_prerequisites()
+        ip_program, _ = netns.check_prerequisites()
         # ``ip netns exec`` would report a missing program only as its own exit status.
         _check_program_exists(command[0], env, cwd)
     if isinstance(stream, _CurrentStdout):
@@ -323,11 +355,17 @@ def launch(
     deadline = None if timeout is None else time.monotonic() + timeout
     timed_out = False
     failed_worker = None
+    first_exited: int | None = None
+    first_exit_time = 0.0
+    grace_expired = False
     hosts = [LOCALHOST] * num_workers
 
     with _sigterm_raises_system_exit():
+        watchdog = _Watchdog(grace_period)
         try:
             if network is not None:
+                for name in sorted(network.namespace_names):
+                    watchdog.namespace(ip_program, name)
                 network.open()
                 hosts = network.addresses
             for index in range(num_workers):
@@ -341,6 +379,7 @@ def launch(
                     start_new_session=True,
                 )
                 processes.append(process)
+                watchdog.group(process.pid)
                 reader = threading.Thread(
                     target=_read_output,
                     args=(process.stdout, index, log_lines[index], echo),
@@ -357,10 +396,20 @@ def launch(
                         returncodes[index] = code
                         if code != 0 and failed_worker is None:
                             failed_worker = index
+                        elif code == 0 and first_exited is None:
+                            first_exited, first_exit_time = index, time.monotonic()
                 if failed_worker is not None or all(code is not None for code in returncodes):
                     break
-                if deadline is not None and time.monotonic() >= deadline:
+                now = time.monotonic()
+                if deadline is not None and now >= deadline:
                     timed_out = True
+                    break
+                if (
+                    first_exited is not None
+                    and exit_grace is not None
+                    and now - first_exit_time >= exit_grace
+                ):
+                    grace_expired = True
                     break
                 time.sleep(_POLL_INTERVAL)
         finally:
@@ -370,8 +419,9 @@ def launch(
                     reader.join(_READER_JOIN_TIMEOUT)
                 if network is not None:
                     network.close()
+                watchdog.done()
 
-    if timed_out:
+    if timed_out or grace_expired:
         returncode = TIMEOUT_EXIT_CODE
     elif failed_worker is not None:
         returncode = _shell_exit_status(returncodes[failed_worker])
@@ -386,7 +436,54 @@ def launch(
         timeout=timeout,
         worker_pids=[process.pid for process in processes],
         worker_addresses=[f"{host}:{port}" for host, port in zip(hosts, ports, strict=True)],
+        exit_grace_expired=grace_expired,
+        first_exited=first_exited if grace_expired else None,
+        exit_grace=exit_grace,
     )
+
+
+class _Watchdog:
+    """The launcher's side of :mod:`tfcompress.launch.watchdog`.
+
+    A process of its own session reading a pipe whose only writer is this
+    process: if the launcher dies without calling :meth:`done`, the kernel
+    closes the pipe and the watchdog stops the registered process groups and
+    deletes the registered namespaces. Registration happens before each
+    resource exists, so nothing is ever unregistered.
+    """
+
+    def __init__(self, grace_period: float):
+        script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "watchdog.py")
+        self._process = subprocess.Popen(
+            [sys.executable, "-S", script, repr(float(grace_period))],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=None,
+            start_new_session=True,
+            close_fds=True,
+            text=True,
+        )
+
+    def _send(self, line: str) -> None:
+        with contextlib.suppress(BrokenPipeError, OSError, ValueError):
+            self._process.stdin.write(line + "\n")
+            self._process.stdin.flush()
+
+    def group(self, pgid: int) -> None:
+        """Registers a worker's process group."""
+        self._send(f"group {pgid}")
+
+    def namespace(self, ip: str, name: str) -> None:
+        """Registers a network namespace, deleted with ``ip netns delete``."""
+        self._send(f"netns {ip} {name}")
+
+    def done(self) -> None:
+        """The launcher cleaned up: the watchdog exits without touching anything."""
+        self._send("done")
+        with contextlib.suppress(OSError, ValueError):
+            self._process.stdin.close()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self._process.wait(_READER_JOIN_TIMEOUT)
 
 
 def _worker_env(
@@ -616,6 +713,16 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         metavar="S",
         help=f"seconds between SIGTERM and SIGKILL (default: {DEFAULT_GRACE_PERIOD:g})",
     )
+    parser.add_argument(
+        "--exit-grace",
+        type=_non_negative_float,
+        default=DEFAULT_EXIT_GRACE,
+        metavar="S",
+        help=(
+            "stop the other workers (exit 124) when they still run S seconds after one "
+            f"exited 0 (default: {DEFAULT_EXIT_GRACE:g})"
+        ),
+    )
     network = parser.add_argument_group(
         "bandwidth-limited network (root only; needs ip and tc from iproute2)",
         "Each worker runs in a network namespace of its own, linked to a software switch "
@@ -680,6 +787,7 @@ def run_from_args(args: argparse.Namespace) -> int:
             grace_period=args.grace_period,
             bandwidth=bandwidth,
             latency_ms=latency_ms,
+            exit_grace=getattr(args, "exit_grace", DEFAULT_EXIT_GRACE),
         )
     except (ValueError, netns.NetnsError) as error:
         _report(str(error))
