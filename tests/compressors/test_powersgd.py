@@ -169,9 +169,7 @@ def test_traced_rounds_match_eager():
     fn = tf.function(lambda a, b: sum_in_process(traced, [a, b]))
     for s in range(3):
         xs = [random_tensor(shape, tf.float32, seed=10 * s + w) for w in range(2)]
-        np.testing.assert_array_equal(
-            sum_in_process(eager, xs)[0].numpy(), fn(*xs)[0].numpy()
-        )
+        np.testing.assert_array_equal(sum_in_process(eager, xs)[0].numpy(), fn(*xs)[0].numpy())
 
 
 def test_zero_gradients_stay_finite():

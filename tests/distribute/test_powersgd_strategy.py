@@ -52,7 +52,9 @@ def test_rounds_and_phases_in_one_traced_function():
         tfcompress.distribute.reset_traffic_stats(strategy)
         results = [[np.asarray(v) for v in r] for r in step(tf.constant(t))]
         sent.append(tfcompress.distribute.traffic_stats(strategy)["bytes_sent"])
-        want = [(a + b).numpy() for a, b in zip(*(replica_values(t, r) for r in (0, 1)))]
+        want = [
+            (a + b).numpy() for a, b in zip(*(replica_values(t, r) for r in (0, 1)), strict=True)
+        ]
         for got, expected in zip(results, want, strict=True):
             np.testing.assert_array_equal(got[0], got[1])  # both replicas alike
             tol = 0 if t < 2 else 1e-4  # exact phase, then rank-2 data recovered

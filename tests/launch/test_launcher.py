@@ -393,7 +393,17 @@ def test_sigkilled_launcher_leaves_no_worker_behind():
         """
     )
     launcher = subprocess.Popen(
-        [sys.executable, "-m", "tfcompress.launch", "-n", "2", "--grace-period", "1", "--", *worker],
+        [
+            sys.executable,
+            "-m",
+            "tfcompress.launch",
+            "-n",
+            "2",
+            "--grace-period",
+            "1",
+            "--",
+            *worker,
+        ],
         env=launcher_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

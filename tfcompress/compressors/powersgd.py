@@ -21,8 +21,8 @@ from tfcompress.compressors.state import (
     TensorContext,
     counter_variable,
     local_variable,
-    stateless_seed,
     state_name,
+    stateless_seed,
 )
 
 __all__ = ["PowerSGD", "PowerSGDSchedule", "matrix_shape", "should_compress"]

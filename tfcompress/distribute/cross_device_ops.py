@@ -735,8 +735,7 @@ class _UnitCompressors:
         all-reduced sums (see :meth:`Compressor.finish`).
         """
         parts = [
-            c.finish(o, s)
-            for c, o, s in zip(self.payload_compressors, own, summed, strict=True)
+            c.finish(o, s) for c, o, s in zip(self.payload_compressors, own, summed, strict=True)
         ]
         return parts[0] if self.shards is None else aggregation.unshard(parts, like)
 
