@@ -195,6 +195,17 @@ class Schedule:
         """The schedule's state (counters), saved by ``tf.train.Checkpoint``."""
         return ()
 
+    @property
+    def step_variables(self) -> tuple[tf.Variable, ...]:
+        """The variables this replica's aggregations advance (default: all of them).
+
+        The cross-device ops restore them after a non-finite step. A variable
+        that several replicas share, or that only the user sets (Switch's
+        phase), must not be listed: touching it in every replica's
+        aggregation would serialise the replicas' collectives.
+        """
+        return self.variables
+
 
 class Compressor:
     """Base class of all compressors (see the module docstring for the contract).
@@ -227,6 +238,10 @@ class Compressor:
     #: aggregation). False for majority votes and shifted estimates (DIANA).
     sums_payloads: bool = True
 
+    #: True for stateless compressors whose decoded sum of non-finite inputs is
+    #: what TensorFlow's own all-reduce gives (Identity, FP16): the non-finite
+    #: rule of the cross-device ops leaves them alone.
+    nonfinite_passthrough: bool = False
     #: All-reduce rounds of a summable compressor (see the module docstring):
     #: 1 for every compressor whose payload sum decodes directly; PowerSGD: 2.
     rounds: int = 1

@@ -43,6 +43,7 @@ class FP16(Compressor):
     """
 
     summable = True
+    nonfinite_passthrough = True
     fusable = True
     name = "fp16"
 

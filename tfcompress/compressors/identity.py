@@ -28,6 +28,7 @@ class Identity(Compressor):
     """
 
     summable = True
+    nonfinite_passthrough = True
     fusable = True
     name = "identity"
     supported_dtypes = (tf.float16, tf.bfloat16, tf.float32, tf.float64)

@@ -186,3 +186,7 @@ class _SwitchSchedule(Schedule):
     @property
     def variables(self) -> tuple[tf.Variable, ...]:
         return (self.phase_variable,)
+
+    @property
+    def step_variables(self) -> tuple[tf.Variable, ...]:
+        return ()  # set by the user, shared by the replicas: never advanced by a step

@@ -22,7 +22,7 @@ import tensorflow as tf
 from tfcompress import _internal as internal
 from tfcompress.compressors.base import Compressor, Payload, Schedule
 from tfcompress.compressors.state import TensorContext
-from tfcompress.distribute import aggregation
+from tfcompress.distribute import aggregation, nonfinite
 from tfcompress.distribute.accounting import TrafficCounters
 from tfcompress.distribute.aggregation import Aggregation
 from tfcompress.distribute.checkpointing import CompressionState, entry_name
@@ -220,20 +220,41 @@ class CompressingCollectiveAllReduce(internal.CollectiveAllReduceHook):
         return dict(self._bound)
 
     def all_reduce_on_replica(self, reduce_op, value, replica_id, options):
-        """All-reduces one replica's values: the policy's choice compressed, the rest exact."""
+        """All-reduces one replica's values: the policy's choice compressed, the rest exact.
+
+        Non-finite values follow the policy's ``nonfinite`` rule
+        (:mod:`~tfcompress.distribute.nonfinite`): the flag of this replica
+        travels with the exact all-reduce, so every replica learns whether
+        any saw a NaN or Inf.
+        """
         flat_values = tf.nest.flatten(value, expand_composites=False)
         compress_idx = [
             i for i, v in enumerate(flat_values) if self.policy.should_compress(v, self.compressor)
         ]
         exact_idx = [i for i in range(len(flat_values)) if i not in set(compress_idx)]
         results: list = [None] * len(flat_values)
+        flag = None
+        if compress_idx and self.policy.nonfinite == "raise":
+            compressed = [flat_values[i] for i in compress_idx]
+            checked = nonfinite.raise_if_non_finite(
+                compressed, _tensor_keys([_key_of(v) for v in compressed])
+            )
+            for i, v in zip(compress_idx, checked, strict=True):
+                flat_values[i] = v
+        elif compress_idx and not self.compressor.nonfinite_passthrough:
+            flag = nonfinite.local_flag(flat_values)
 
-        if exact_idx:
-            exact_values = [flat_values[i] for i in exact_idx]
+        exact_values = [flat_values[i] for i in exact_idx]
+        if flag is not None:
+            exact_values.append(flag)
+        if exact_values:
             reduced = self.exact_all_reduce_on_replica(reduce_op, exact_values, replica_id, options)
+            if flag is not None:
+                flag, reduced = reduced[-1], reduced[:-1]
             for i, r in zip(exact_idx, reduced, strict=True):
                 results[i] = r
-            self._count_exact(exact_values)
+            self._count_exact([flat_values[i] for i in exact_idx])
+        flagged = None if flag is None else flag > 0
         sparse_idx = [i for i in compress_idx if internal.is_indexed_slices(flat_values[i])]
         dense_idx = [i for i in compress_idx if i not in set(sparse_idx)]
         for indices, compressed_sum in (
@@ -243,7 +264,9 @@ class CompressingCollectiveAllReduce(internal.CollectiveAllReduceHook):
             if not indices:
                 continue
             with tf.device(internal.devices_of(self)[replica_id]), tf.name_scope("tfcompress"):
-                reduced = compressed_sum([flat_values[i] for i in indices], replica_id, options)
+                reduced = compressed_sum(
+                    [flat_values[i] for i in indices], replica_id, options, flagged
+                )
                 if reduce_op == internal.ReduceOp.MEAN:
                     reduced = [_divide(r, internal.group_size_of(self)) for r in reduced]
             for i, r in zip(indices, reduced, strict=True):
@@ -252,15 +275,21 @@ class CompressingCollectiveAllReduce(internal.CollectiveAllReduceHook):
 
     # -- compressed path -------------------------------------------------------------------
 
-    def _compressed_sum(self, values: list, replica_id: int, options) -> list[tf.Tensor]:
+    def _compressed_sum(
+        self, values: list, replica_id: int, options, flagged: tf.Tensor | None = None
+    ) -> list[tf.Tensor]:
         """Sum over all replicas of ``values`` through compressed payloads.
 
         The values are grouped into units (fused buckets or single tensors,
         :func:`~tfcompress.distribute.aggregation.plan_units`), each unit
-        compressed as one tensor, and the units summed pack by pack.
+        compressed as one tensor, and the units summed pack by pack. With
+        ``flagged`` (any replica saw a non-finite value), the state is rolled
+        back and the sums are NaN (:mod:`~tfcompress.distribute.nonfinite`).
         """
         options = internal.options_of(self).merge(options)
         values = [tf.convert_to_tensor(v) for v in values]
+        if flagged is not None:
+            values = [nonfinite.sanitize(v) for v in values]
         plan = self.aggregation
         units = aggregation.plan_units(
             _tensor_keys(values), values, self.compressor, plan.bucket_bytes
@@ -272,6 +301,13 @@ class CompressingCollectiveAllReduce(internal.CollectiveAllReduceHook):
             for u, v in zip(units, unit_values, strict=True)
         ]
         schedule = self.schedule_of(replica_id)
+        state = [
+            v
+            for unit, b in zip(units, bound, strict=True)
+            for _, o in b.owners(unit.key)
+            for v in o.variables
+        ] + ([] if schedule is None else list(schedule.step_variables))
+        before = nonfinite.snapshot(state) if flagged is not None else None
         if schedule is None:
             decoded, amounts = self._sum_units(bound, unit_values, replica_id, options)
         else:
@@ -292,6 +328,8 @@ class CompressingCollectiveAllReduce(internal.CollectiveAllReduceHook):
             with tf.control_dependencies(decoded):
                 schedule.advance(index)
             self._track_state("schedule", replica_id, schedule)
+        if flagged is not None:
+            decoded = nonfinite.commit_or_roll_back(flagged, state, before, decoded)
         for unit, b in zip(units, bound, strict=True):
             for key, owner in b.owners(unit.key):
                 self._track_state(key, replica_id, owner)
@@ -503,7 +541,9 @@ class CompressingCollectiveAllReduce(internal.CollectiveAllReduceHook):
             "times": [first["start"], first["compressed"], received2, done],
         }
 
-    def _compressed_sparse_sum(self, values: list, replica_id: int, options) -> list:
+    def _compressed_sparse_sum(
+        self, values: list, replica_id: int, options, flagged: tf.Tensor | None = None
+    ) -> list:
         """Sum of ``tf.IndexedSlices`` (e.g. embedding gradients), never densified.
 
         The compressor encodes each replica's rows (``compress_indexed_slices``);
@@ -516,10 +556,16 @@ class CompressingCollectiveAllReduce(internal.CollectiveAllReduceHook):
         bound = [
             self.bound_compressor(key, replica_id, v) for key, v in zip(keys, values, strict=True)
         ]
+        if flagged is not None:
+            values = [nonfinite.sanitize(v) for v in values]
+            state = [v for b in bound for v in b.variables]
+            before = nonfinite.snapshot(state)
         start = _timestamp_after([v.values for v in values])
         units = [_UnitCompressors(whole=b) for b in bound]
         pack = self._all_gather_pack(units, values, replica_id, options, start, sparse=True)
         result, amounts = pack["decoded"], pack["amounts"]
+        if flagged is not None:
+            result = nonfinite.commit_or_roll_back(flagged, state, before, result)
         for key, b in zip(keys, bound, strict=True):
             self._track_state(key, replica_id, b)
         nbytes = sum(_nbytes(v.values) + _nbytes(v.indices) for v in values)
@@ -587,7 +633,9 @@ class CompressingCollectiveAllReduce(internal.CollectiveAllReduceHook):
         totals = tf.reduce_sum(all_lengths, axis=1)
         # Collective gathers take 4- and 8-byte types only: the byte blob travels
         # as int32 words, padded to the longest blob rounded up to a word.
-        longest = (tf.reduce_max(totals) + 3) // 4 * 4
+        # At least one word: TensorFlow's all-gather of empty tensors crashes the
+        # process (an all-zero gradient gives an empty sparse payload).
+        longest = tf.maximum((tf.reduce_max(totals) + 3) // 4 * 4, 4)
         padded = tf.pad(blob, [[0, longest - tf.size(blob, out_type=tf.int64)]])
         words = tf.bitcast(tf.reshape(padded, [-1, 4]), tf.int32)
         all_words = internal.launcher_all_gather(self, replica_id, words, options)
@@ -627,7 +675,7 @@ class CompressingCollectiveAllReduce(internal.CollectiveAllReduceHook):
         rows = [tf.concat(byte_parts, axis=0) for byte_parts in shard_parts]
         # [replica, shard, part]
         all_lengths, sent_lengths = self._exchange_lengths(shard_parts, replica_id, options)
-        longest = (tf.reduce_max(tf.reduce_sum(all_lengths, axis=2)) + 3) // 4 * 4
+        longest = tf.maximum((tf.reduce_max(tf.reduce_sum(all_lengths, axis=2)) + 3) // 4 * 4, 4)
         padded = tf.stack([tf.pad(r, [[0, longest - tf.size(r, out_type=tf.int64)]]) for r in rows])
         words = tf.bitcast(tf.reshape(padded, [n, -1, 4]), tf.int32)
         arrived = internal.launcher_all_to_all(self, replica_id, words, options)
@@ -786,6 +834,11 @@ def _tensor_keys(values: list[tf.Tensor]) -> list[str]:
         keys.append(f"{base}#{seen.get(base, 0)}")
         seen[base] = seen.get(base, 0) + 1
     return keys
+
+
+def _key_of(value):
+    """What :func:`_tensor_keys` names a dense tensor or ``IndexedSlices`` by."""
+    return _SparseKey(value) if internal.is_indexed_slices(value) else value
 
 
 class _SparseKey:

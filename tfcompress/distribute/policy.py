@@ -29,15 +29,26 @@ class CompressionPolicy:
       min_size: smallest number of elements worth compressing. Below it the
         fixed costs (headers, norms, launch overheads) outweigh the savings.
       max_size: optional upper bound (``None``: no bound).
+      nonfinite: what a NaN or Inf in an aggregation does (see
+        :mod:`tfcompress.distribute.nonfinite`). ``"propagate"`` (default):
+        every compressed sum of that step comes back NaN on every worker, so
+        dynamic loss scaling skips the step, and no compressor state keeps
+        anything of it. ``"raise"``: ``InvalidArgumentError`` naming the tensor.
 
     Raises:
-      ValueError: when ``min_size`` < 1 or ``max_size`` < ``min_size``.
+      ValueError: when ``min_size`` < 1, ``max_size`` < ``min_size`` or
+        ``nonfinite`` is not one of the two choices.
     """
 
     min_size: int = 1024
     max_size: int | None = None
+    nonfinite: str = "propagate"
 
     def __post_init__(self):
+        if self.nonfinite not in ("propagate", "raise"):
+            raise ValueError(
+                f"CompressionPolicy(nonfinite={self.nonfinite!r}) must be 'propagate' or 'raise'"
+            )
         if int(self.min_size) < 1:
             raise ValueError(f"CompressionPolicy(min_size={self.min_size}) must be >= 1")
         if self.max_size is not None and self.max_size < self.min_size:
