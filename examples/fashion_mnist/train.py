@@ -1,13 +1,25 @@
-"""Train a small CNN on Fashion-MNIST with compressed gradient aggregation.
+"""Train a small CNN or a wide MLP on Fashion-MNIST with compressed gradient aggregation.
 
 One worker of a multi-worker run; start it with the launcher, for example::
 
     tfcompress launch -n 2 -- python examples/fashion_mnist/train.py --compression fp16
 
-The only tfcompress-specific line is the strategy. The chief (worker 0) writes
-a JSON summary (accuracy, bytes per step, time per step) when ``--result`` is
-given; ``examples/fashion_mnist/demo.py`` runs this script once per compressor
-and prints the comparison table.
+or on machines of your own, with ``TF_CONFIG`` set on each. The only
+tfcompress-specific line is the strategy.
+
+Models (``--model``): ``cnn``, two small conv layers (56,714 parameters,
+227 KB of gradient per step: compute-bound on a 2-core machine even at
+100 Mbit/s), and ``mlp``, 784-2048-2048-10 (5,824,522 parameters, 23.3 MB of
+gradient per step: cheap to compute, so a limited link dominates the step).
+``--steps-per-epoch`` cuts epochs short (the data repeats), so that the
+validation pass of ``--curve`` runs every that many steps (on the first
+``--validation-size`` test images).
+
+The chief (the ``chief`` task, or worker 0 when the cluster has none) writes a
+JSON summary (accuracy, bytes per step, time per step) when ``--result`` is
+given and the curves when ``--curve`` is; ``examples/fashion_mnist/demo.py``
+runs this script once per compressor and prints the comparison table, and
+``tfcompress bench train`` once per variant.
 """
 
 from __future__ import annotations
@@ -48,11 +60,30 @@ parser.add_argument(
     help="fused bucket size in bytes (0: every tensor compressed on its own; default 4 MiB)",
 )
 parser.add_argument("--keras", choices=["keras3", "tf_keras"], default="keras3")
+parser.add_argument(
+    "--model",
+    choices=["cnn", "mlp"],
+    default="cnn",
+    help="cnn: small CNN (57k parameters); mlp: 784-2048-2048-10 (5.8M parameters)",
+)
 parser.add_argument("--epochs", type=int, default=2)
+parser.add_argument(
+    "--steps-per-epoch",
+    type=int,
+    default=None,
+    help="training steps per epoch, the data repeating (default: one pass over --train-size)",
+)
 parser.add_argument(
     "--train-size", type=int, default=12000, help="training examples (0: all 60,000)"
 )
 parser.add_argument("--batch-size", type=int, default=128, help="global batch size")
+parser.add_argument(
+    "--validation-size",
+    type=int,
+    default=0,
+    help="test images of the per-epoch validation pass of --curve (0: all); the final "
+    "evaluation always uses the whole test set",
+)
 parser.add_argument(
     "--data", default=None, help="Fashion-MNIST directory (default: Debian's dataset-fashion-mnist)"
 )
@@ -65,6 +96,10 @@ parser.add_argument(
     "adds a validation pass on the test set after each epoch",
 )
 args = parser.parse_args()
+if args.steps_per_epoch is not None and args.steps_per_epoch < 1:
+    parser.error(f"--steps-per-epoch must be >= 1, got {args.steps_per_epoch}")
+if args.validation_size < 0:
+    parser.error(f"--validation-size must be >= 0, got {args.validation_size}")
 
 if args.keras == "tf_keras":
     os.environ["TF_USE_LEGACY_KERAS"] = "1"
@@ -104,6 +139,11 @@ if args.bucket_bytes is not None:
 strategy = tfcompress.distribute.MultiWorkerMirroredStrategy(
     compression=compression, aggregation=aggregation
 )
+resolver = strategy.cluster_resolver
+# The chief task, else worker 0 (a single process without TF_CONFIG has no task id).
+is_chief = resolver.task_type == "chief" or (
+    not resolver.task_id and "chief" not in resolver.cluster_spec().jobs
+)
 
 keras.utils.set_random_seed(args.seed)
 (x_train, y_train), (x_test, y_test) = tfcompress.data.load_fashion_mnist(
@@ -115,25 +155,37 @@ def make_dataset(x, y, shuffle: bool) -> tf.data.Dataset:
     ds = tf.data.Dataset.from_tensor_slices((x, y))
     if shuffle:
         ds = ds.shuffle(len(x), seed=args.seed, reshuffle_each_iteration=True)
+        if args.steps_per_epoch is not None:
+            ds = ds.repeat()  # epochs of --steps-per-epoch steps, across passes
     ds = ds.batch(args.batch_size, drop_remainder=shuffle)
     opts = tf.data.Options()
     opts.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
     return ds.with_options(opts).prefetch(2)
 
 
-with strategy.scope():
-    model = keras.Sequential(
-        [
-            keras.Input((28, 28, 1)),
+def build_model() -> keras.Model:
+    if args.model == "mlp":
+        # Wide and shallow: 5.8M parameters for ~12 MFLOP per image, so the
+        # step's 23.3 MB all-reduce, not its compute, sets the pace on a slow link.
+        layers = [
+            keras.layers.Flatten(),
+            keras.layers.Dense(2048, activation="relu"),
+            keras.layers.Dense(2048, activation="relu"),
+        ]
+    else:
+        layers = [
             keras.layers.Conv2D(16, 3, activation="relu"),
             keras.layers.MaxPooling2D(),
             keras.layers.Conv2D(32, 3, activation="relu"),
             keras.layers.MaxPooling2D(),
             keras.layers.Flatten(),
             keras.layers.Dense(64, activation="relu"),
-            keras.layers.Dense(10),
         ]
-    )
+    return keras.Sequential([keras.Input((28, 28, 1)), *layers, keras.layers.Dense(10)])
+
+
+with strategy.scope():
+    model = build_model()
     model.compile(
         optimizer=keras.optimizers.Adam(1e-3),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
@@ -168,10 +220,14 @@ class CurveRecorder(keras.callbacks.Callback):
         self.points = []
         self.training_seconds = 0.0
         self.bytes_sent = 0
+        self.steps = 0
 
     def on_epoch_begin(self, epoch, logs=None):
         self.bytes_at_start = tfcompress.distribute.traffic_stats(strategy)["bytes_sent"]
         self.start = time.perf_counter()
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.steps += 1
 
     def on_test_begin(self, logs=None):  # validation starts: the epoch's training is over
         if self.start is not None:
@@ -188,6 +244,7 @@ class CurveRecorder(keras.callbacks.Callback):
         self.points.append(
             {
                 "epoch": epoch + 1,
+                "steps": self.steps,
                 "training_seconds": self.training_seconds,
                 "bytes_sent": self.bytes_sent,
                 "loss": float(logs["loss"]),
@@ -197,14 +254,17 @@ class CurveRecorder(keras.callbacks.Callback):
         )
 
 
+validation_size = args.validation_size or len(x_test)
+validation = make_dataset(x_test[:validation_size], y_test[:validation_size], shuffle=False)
 meter = LastEpochMeter()
 curve = CurveRecorder()
 history = model.fit(
     make_dataset(x_train, y_train, shuffle=True),
     epochs=args.epochs,
+    steps_per_epoch=args.steps_per_epoch,
     callbacks=[meter, curve] if args.curve else [meter],
-    validation_data=make_dataset(x_test, y_test, shuffle=False) if args.curve else None,
-    verbose=2 if strategy.cluster_resolver.task_id == 0 else 0,
+    validation_data=validation if args.curve else None,
+    verbose=2 if is_chief else 0,
 )
 evaluation = model.evaluate(
     make_dataset(x_test, y_test, shuffle=False), verbose=0, return_dict=True
@@ -221,15 +281,16 @@ summary = {
     "bytes_sent_per_step": meter.stats["bytes_sent"] / meter.steps,
     "bytes_uncompressed_per_step": meter.stats["bytes_uncompressed"] / meter.steps,
     "seconds_per_step": meter.seconds / meter.steps,
+    "model": args.model,
     "parameters": int(sum(np.prod(w.shape) for w in model.trainable_weights)),
 }
 summary["compression_ratio"] = (
     summary["bytes_uncompressed_per_step"] / summary["bytes_sent_per_step"]
 )
 print(json.dumps(summary))
-if args.curve and strategy.cluster_resolver.task_id == 0:
+if args.curve and is_chief:
     with open(args.curve, "w") as f:
         json.dump({"summary": summary, "points": curve.points}, f, indent=2)
-if args.result and strategy.cluster_resolver.task_id == 0:
+if args.result and is_chief:
     with open(args.result, "w") as f:
         json.dump(summary, f, indent=2)

@@ -2,8 +2,12 @@
 
 import argparse
 import json
+import os
+import re
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -358,7 +362,7 @@ def test_bench_train_variants(capsys):
     args = argparse.Namespace(variants=["gradiveq-paper"])
     assert bench_train.main(args) == 2
     err = capsys.readouterr().err
-    assert "--variants: unknown 'gradiveq-paper'" in err and "'gradiveq paper'" in err
+    assert "--variants (task cnn): unknown 'gradiveq-paper'" in err and "'gradiveq paper'" in err
 
 
 @pytest.mark.slow
@@ -387,3 +391,357 @@ def test_bench_train_loopback(tmp_path):
     assert curve["points"][1]["bytes_sent"] > curve["points"][0]["bytes_sent"] > 0
     assert curve["points"][1]["training_seconds"] > curve["points"][0]["training_seconds"] > 0
     assert (tmp_path / "train.png").stat().st_size > 0
+
+
+# -- bench train: tasks, settings, table ------------------------------------------------------
+
+
+def _train_options(arguments: list[str]) -> tuple[str, dict, bool, bool]:
+    """(name, options, error feedback, DIANA) as examples/fashion_mnist/train.py reads them."""
+    import ast  # noqa: PLC0415
+
+    name = arguments[arguments.index("--compression") + 1]
+    options = {}
+    for k, item in enumerate(arguments):
+        if item == "--option":
+            key, value = arguments[k + 1].split("=", 1)
+            try:
+                options[key] = ast.literal_eval(value)
+            except (ValueError, SyntaxError):
+                options[key] = value
+    return name, options, "--error-feedback" in arguments, "--diana" in arguments
+
+
+def test_bench_train_mlp_task_rows():
+    task = bench_train.TASKS["mlp"]
+    assert (task.model, task.workers, task.batch_size, task.train_size) == ("mlp", 4, 128, 0)
+    budget = task.epochs * task.steps_per_epoch
+    assert budget == bench_train.MLP_EPOCHS * bench_train.MLP_STEPS_PER_EPOCH == 100
+    # the issue's rows, all run by default on this task
+    assert task.default_variants == (
+        "uncompressed",
+        "fp16",
+        "qsgd 4-bit",
+        "topk 1% + EF",
+        "deepreduce + EF",
+        "gradiveq",
+        "gradiveq paper",
+        "diana(qsgd 4-bit)",
+        "powersgd rank 2",
+        "powersgd rank 4",
+    )
+    assert set(task.default_variants) <= set(task.variants)
+    from tfcompress.compressors import available, get  # noqa: PLC0415
+
+    for label, arguments in task.variants.items():
+        name, options, error_feedback, diana = _train_options(arguments)
+        if label == "uncompressed":
+            assert name == "none" and not options
+            continue
+        if name == "powersgd":  # registered once PowerSGD lands on main
+            assert options == {"rank": int(label[-1]), "start_step": 10, "seed": 1}
+            assert options["start_step"] < budget
+            if name not in available():
+                continue
+        compressor = get(name, **options)  # the options are the compressor's own
+        if name == "gradiveq":
+            # both schedules compress for at least half of the run, after a whole
+            # sampling phase (and a short warm-up, unlike the library's 100 steps)
+            assert compressor.warmup_steps + compressor.sampling_steps <= budget // 2
+            assert compressor.warmup_steps == 10 < compressor.sampling_steps
+        if label == "deepreduce + EF":
+            assert (options, error_feedback) == (
+                {"index_codec": "bloom", "value_codec": "qsgd"},
+                True,
+            )
+        assert diana == (label == "diana(qsgd 4-bit)")
+    gradiveq, paper = (
+        _train_options(task.variants[label])[1] for label in ("gradiveq", "gradiveq paper")
+    )
+    assert (gradiveq["sampling_steps"], gradiveq["compressed_steps"]) == (40, 60)  # the library's
+    assert paper["compressed_steps"] == 4 * paper["sampling_steps"]  # the paper's 100 : 400
+    # the cnn task keeps its table and defaults; PowerSGD is opt-in there
+    cnn = bench_train.TASKS["cnn"]
+    assert cnn.variants is bench_train.VARIANTS and cnn.model == "cnn"
+    assert not {"powersgd rank 2", "powersgd rank 4"} & set(cnn.default_variants)
+    assert _train_options(cnn.variants["gradiveq paper"])[1]["warmup_steps"] == 2500
+
+
+def test_bench_train_settings_and_command():
+    mlp, cnn = bench_train.TASKS["mlp"], bench_train.TASKS["cnn"]
+    settings = bench_train.resolve_settings(argparse.Namespace(), mlp)
+    assert settings == {
+        "workers": 4,
+        "epochs": 10,
+        "steps_per_epoch": 10,
+        "train_size": 0,
+        "batch_size": 128,
+        "validation_size": 2000,
+        "target": 0.8,
+    }
+    given = argparse.Namespace(epochs=2, steps_per_epoch=3, train_size=512, target=0.5)
+    settings = bench_train.resolve_settings(given, mlp)
+    assert (settings["epochs"], settings["steps_per_epoch"], settings["workers"]) == (2, 3, 4)
+    command = bench_train.train_command(mlp, "qsgd 4-bit", settings, "/tmp/c.json")
+    assert command[1].endswith("examples/fashion_mnist/train.py")
+    flags = dict(zip(command[2::1], command[3::1], strict=False))
+    assert flags["--model"] == "mlp" and flags["--steps-per-epoch"] == "3"
+    assert flags["--train-size"] == "512" and flags["--curve"] == "/tmp/c.json"
+    assert flags["--validation-size"] == "2000"
+    assert command[2:8] == bench_train.VARIANTS["qsgd 4-bit"]
+    cnn_settings = bench_train.resolve_settings(argparse.Namespace(), cnn)
+    assert cnn_settings["steps_per_epoch"] is None and cnn_settings["workers"] == 2
+    cnn_command = bench_train.train_command(cnn, "fp16", cnn_settings, "c.json")
+    assert "--steps-per-epoch" not in cnn_command and "cnn" in cnn_command
+    for bad, message in (
+        ({"epochs": 0}, "--epochs 0: must be at least 1"),
+        ({"steps_per_epoch": 0}, "--steps-per-epoch 0"),
+        ({"train_size": -1}, "--train-size -1: must be at least 0"),
+        ({"batch_size": 0}, "--batch-size 0"),
+        ({"validation_size": -1}, "--validation-size -1: must be at least 0 (all 10,000"),
+        ({"workers": 0}, "--workers 0"),
+        ({"target": 1.5}, "--target 1.5: a test accuracy in (0, 1]"),
+        ({"target": 0.0}, "--target 0.0"),
+    ):
+        with pytest.raises(ValueError, match=re.escape(message)):
+            bench_train.resolve_settings(argparse.Namespace(**bad), mlp)
+
+
+def _curve(points):
+    return {
+        "points": [
+            {"epoch": k + 1, "steps": steps, "training_seconds": seconds, "bytes_sent": sent}
+            | {"test_accuracy": accuracy, "loss": 1.0, "accuracy": accuracy}
+            for k, (steps, seconds, sent, accuracy) in enumerate(points)
+        ]
+    }
+
+
+def test_bench_train_table():
+    curves = {
+        # 10 s of tracing in the first epoch, then 3 s per step
+        "uncompressed": _curve([(20, 70.0, 400e6, 0.70), (40, 130.0, 800e6, 0.81)]),
+        "qsgd 4-bit": _curve([(20, 30.0, 60e6, 0.72), (40, 42.0, 120e6, 0.82)]),
+        "topk 1% + EF": _curve([(20, 20.0, 4e6, 0.60), (40, 28.0, 8e6, 0.75)]),
+    }
+    lines = bench_train.format_table(curves, 0.8).splitlines()
+    assert "| time to 80% (s) | vs uncompressed |" in lines[0]
+    assert all(line.count("|") == lines[0].count("|") for line in lines)
+    header = [c.strip() for c in lines[0].split("|")[1:-1]]
+    rows = {
+        cells[0]: dict(zip(header, cells, strict=True))
+        for cells in ([c.strip() for c in line.split("|")[1:-1]] for line in lines[2:])
+    }
+    assert rows["uncompressed"]["s / step"] == "3.00"  # (130 - 70) / 20, tracing excluded
+    assert rows["uncompressed"]["time to 80% (s)"] == "130.0"
+    assert rows["qsgd 4-bit"]["time to 80% (s)"] == "42.0"
+    assert rows["qsgd 4-bit"]["vs uncompressed"] == "3.10x"  # 130 / 42
+    assert rows["qsgd 4-bit"]["ratio"] == "6.67x" and rows["qsgd 4-bit"]["steps"] == "40"
+    assert rows["topk 1% + EF"]["time to 80% (s)"] == "not reached"
+    assert rows["topk 1% + EF"]["vs uncompressed"] == ""
+    assert bench_train.seconds_per_step(curves["qsgd 4-bit"]["points"][:1]) == 1.5  # 30 / 20
+
+
+def test_bench_train_arguments_are_checked_before_running(capsys, monkeypatch):
+    def main(**given):
+        defaults = {"variants": None, "task": "mlp", "cluster": "local", "out": None}
+        return bench_train.main(argparse.Namespace(**{**defaults, **given}))
+
+    assert main(variants=["powersgd rank 3"]) == 2
+    err = capsys.readouterr().err
+    assert "--variants (task mlp): unknown 'powersgd rank 3'" in err
+    assert "'powersgd rank 4'" in err
+    assert main(epochs=0) == 2
+    assert "--epochs 0: must be at least 1" in capsys.readouterr().err
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    assert main(cluster="tf_config") == 2
+    assert "TF_CONFIG is not set" in capsys.readouterr().err
+    monkeypatch.setenv("TF_CONFIG", '{"cluster": {"worker": ["a:1"]}, "task": {"type": "worker"}}')
+    assert main(cluster="tf_config", workers=2) == 2
+    assert "--workers: with --cluster tf_config" in capsys.readouterr().err
+    monkeypatch.setenv("TF_CONFIG", "{not json")
+    assert main(cluster="tf_config") == 2
+    assert "TF_CONFIG is not JSON" in capsys.readouterr().err
+
+
+def test_bench_aggregate_tf_config_arguments(capsys, monkeypatch):
+    from tfcompress.bench import aggregate  # noqa: PLC0415
+
+    def main(**given):
+        defaults = {"variants": ["uncompressed"], "aggregations": ["auto"], "models": ["resnet20"]}
+        defaults |= {"cluster": "tf_config", "workers": None, "bandwidth": None, "out": None}
+        return aggregate.main(argparse.Namespace(**{**defaults, **given}))
+
+    monkeypatch.setenv(
+        "TF_CONFIG",
+        '{"cluster": {"worker": ["a:1", "b:1"]}, "task": {"type": "worker", "index": 1}}',
+    )
+    assert main(workers=[2]) == 2
+    assert (
+        "--workers: with --cluster tf_config the workers are TF_CONFIG's" in capsys.readouterr().err
+    )
+    assert main(bandwidth=["100mbit", "1gbit"]) == 2
+    assert "one rate" in capsys.readouterr().err
+    assert main(bandwidth=["fast"]) == 2
+    assert "--bandwidth 'fast'" in capsys.readouterr().err
+    monkeypatch.setenv(
+        "TF_CONFIG", '{"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": 1}}'
+    )
+    assert main() == 2
+    assert "index 1 is not in [0, 1)" in capsys.readouterr().err
+    # the link column of a TF_CONFIG cluster without a declared rate: no wire limit
+    row = _row("uncompressed", "auto", 0.2, 1_000_000, path="all-reduce", packs=0)
+    assert (
+        format_table([{**row, "bandwidth": "tf_config"}]).splitlines()[2].endswith("| n/a | n/a |")
+    )
+
+
+def test_read_tf_config():
+    from tfcompress.bench.cluster import ClusterTask, read_tf_config, task_rank  # noqa: PLC0415
+
+    def read(config):
+        return read_tf_config(
+            {"TF_CONFIG": config if isinstance(config, str) else json.dumps(config)}
+        )
+
+    workers = {"worker": ["h0:1", "h1:1", "h2:1"]}
+    assert read({"cluster": workers, "task": {"type": "worker", "index": 0}}) == ClusterTask(
+        "worker", 0, 3, True
+    )
+    assert read({"cluster": workers, "task": {"type": "worker", "index": 2}}).is_chief is False
+    with_chief = {"chief": ["c:1"], **workers}
+    assert read({"cluster": with_chief, "task": {"type": "chief", "index": 0}}) == ClusterTask(
+        "chief", 0, 4, True
+    )
+    assert read({"cluster": with_chief, "task": {"type": "worker", "index": 0}}).is_chief is False
+    assert [task_rank("worker", i, True) for i in range(3)] == [1, 2, 3]
+    assert task_rank("chief", 0, True) == task_rank("worker", 0, False) == 0
+    for config, message in (
+        ("", "TF_CONFIG is not set"),
+        ("[1, 2", "TF_CONFIG is not JSON"),
+        ({"cluster": workers}, "needs a 'cluster' and a 'task'"),
+        ({"cluster": {"ps": ["p:1"], **workers}, "task": {"type": "ps", "index": 0}}, "'ps'"),
+        (
+            {"cluster": workers, "task": {"type": "worker", "index": 3}},
+            r"index 3 is not in \[0, 3\)",
+        ),
+        (
+            {"cluster": workers, "task": {"type": "chief", "index": 0}},
+            r"'chief' index 0 is not in \[0, 0\)",
+        ),
+        ({"cluster": {"chief": ["a:1", "b:1"]}, "task": {"type": "chief"}}, "2 chief tasks"),
+        ({"cluster": {"worker": "h0:1"}, "task": {"type": "worker"}}, "must be a list"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            read(config)
+
+
+# -- --cluster tf_config for real: hand-written TF_CONFIGs, one process per task -------------
+
+
+def _run_tasks(configs: list[dict], args: list[str], timeout: float = 240) -> list:
+    """Runs ``tfcompress bench ARGS`` once per TF_CONFIG, all at once ("{TASK}" -> index).
+
+    Returns the finished processes (stdout, stderr); asserts that all exited 0,
+    with every task's output in the message otherwise (a timeout kills them all).
+    """
+    processes = []
+    for index, config in enumerate(configs):
+        env = {**os.environ, "TF_CONFIG": json.dumps(config), "TF_CPP_MIN_LOG_LEVEL": "2"}
+        env["PYTHONPATH"] = str(ROOT)
+        argv = [a.replace("{TASK}", str(index)) for a in args]
+        processes.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "tfcompress.cli", "bench", *argv],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                cwd=ROOT,
+                env=env,
+                start_new_session=True,
+            )
+        )
+    deadline = time.monotonic() + timeout
+    outputs, timed_out = [], False
+    for process in processes:
+        try:
+            outputs.append(process.communicate(timeout=max(1.0, deadline - time.monotonic())))
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            for other in processes:
+                if other.poll() is None:
+                    os.killpg(other.pid, signal.SIGKILL)
+            outputs.append(process.communicate())
+    logs = "\n".join(
+        f"===== task {i} (exit {process.returncode}) =====\n{out}{err}"
+        for i, (process, (out, err)) in enumerate(zip(processes, outputs, strict=True))
+    )
+    assert not timed_out and all(p.returncode == 0 for p in processes), logs
+    return [argparse.Namespace(stdout=out, stderr=err) for out, err in outputs]
+
+
+def _loopback_cluster(jobs: list[str]) -> tuple[dict, list[dict]]:
+    """A cluster of one task per entry of ``jobs`` on free loopback ports, and its TF_CONFIGs."""
+    from tfcompress.launch import free_ports  # noqa: PLC0415
+
+    cluster: dict[str, list[str]] = {}
+    tasks = []
+    for job, port in zip(jobs, free_ports(len(jobs)), strict=True):
+        tasks.append({"type": job, "index": len(cluster.get(job, []))})
+        cluster.setdefault(job, []).append(f"127.0.0.1:{port}")
+    return cluster, [{"cluster": cluster, "task": task} for task in tasks]
+
+
+@pytest.mark.slow
+def test_bench_train_tf_config_mlp(tmp_path):
+    """Two tasks of a hand-written TF_CONFIG cluster run the MLP task; worker 0 reports."""
+    _, configs = _loopback_cluster(["worker", "worker"])
+    chief, other = _run_tasks(
+        configs,
+        ["train", "--task", "mlp", "--cluster", "tf_config", "--variants", "uncompressed"]
+        + ["qsgd 4-bit", "--epochs", "1", "--steps-per-epoch", "3", "--train-size", "256"]
+        + ["--batch-size", "32", "--target", "0.3", "--out", str(tmp_path / "out{TASK}")]
+        + ["--plot"],
+    )
+    assert "training mlp as worker 0 of TF_CONFIG's 2 workers at tf_config" in chief.stderr
+    assert "| qsgd 4-bit |" in chief.stdout and "| uncompressed |" in chief.stdout
+    assert "worker 1: done; the chief writes the table" in other.stderr
+    assert "| uncompressed |" not in other.stdout and not (tmp_path / "out1").exists()
+    curves = json.loads((tmp_path / "out0" / "train.json").read_text())
+    assert list(curves) == ["uncompressed", "qsgd 4-bit"]
+    for curve in curves.values():
+        assert [p["steps"] for p in curve["points"]] == [3]  # an epoch of --steps-per-epoch
+        summary = curve["summary"]
+        assert (summary["model"], summary["parameters"], summary["workers"]) == (
+            "mlp",
+            5_824_522,
+            2,
+        )
+    plain, qsgd = (curves[label]["summary"] for label in ("uncompressed", "qsgd 4-bit"))
+    # every float32 gradient all-reduced: 23.3 MB per step
+    assert plain["bytes_sent_per_step"] >= 4 * 5_824_522
+    assert qsgd["bytes_sent_per_step"] < 0.2 * plain["bytes_sent_per_step"]
+    assert (tmp_path / "out0" / "train.png").stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_bench_aggregate_tf_config_chief_and_worker(tmp_path):
+    """A cluster with a chief job: the chief reports, the worker only takes part."""
+    _, configs = _loopback_cluster(["chief", "worker"])
+    chief, worker = _run_tasks(
+        configs,
+        ["aggregate", "--cluster", "tf_config", "--models", "resnet20", "--variants"]
+        + ["uncompressed", "qsgd 4-bit", "--aggregations", "auto", "--repeats", "1"]
+        + ["--bandwidth", "100mbit", "--out", str(tmp_path / "out{TASK}")],
+    )
+    assert "(as chief 0 of TF_CONFIG's cluster)" in chief.stderr
+    assert "  qsgd 4-bit / auto: " in chief.stderr  # the chief's progress lines
+    assert "| resnet20 | 2 | 100mbit | qsgd 4-bit | auto | allgather |" in chief.stdout
+    assert "worker 0: done; the chief writes the table" in worker.stderr
+    assert "qsgd 4-bit / auto" not in worker.stderr and not (tmp_path / "out1").exists()
+    rows = json.loads((tmp_path / "out0" / "aggregate.json").read_text())
+    assert [(r["variant"], r["workers"], r["bandwidth"]) for r in rows] == [
+        ("uncompressed", 2, "100mbit"),
+        ("qsgd 4-bit", 2, "100mbit"),
+    ]
+    assert rows[1]["bytes_sent"] < 0.25 * rows[0]["bytes_sent"]

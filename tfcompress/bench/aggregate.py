@@ -115,6 +115,20 @@ worth to GradiVeQ::
 
 (ResNet-18's 47 MB of gradient make 7 packs of 4 MiB; ResNet-20's 1.1 MB one.)
 
+On machines of your own (``--cluster tf_config``, see
+:mod:`tfcompress.bench.cluster`): start the same command on every machine
+of the cluster that ``TF_CONFIG`` describes; each runs one worker process per
+model as its task, and the chief (worker 0 without a chief task) prints and
+writes the table. The worker count is the cluster's (``--workers`` is
+refused); ``--bandwidth`` takes one rate, your links' as you know it, which
+only labels the rows and gives the limit column (the link column says
+``tf_config`` and the limit ``n/a`` without it)::
+
+    TF_CONFIG='{"cluster": {"worker": ["host1:2222", "host2:2222"]},
+                "task": {"type": "worker", "index": 0}}' \\
+        tfcompress bench aggregate --cluster tf_config --models resnet18 \\
+        --bandwidth 1gbit --out out/aggregate    # index 1 on host2, same arguments
+
 The full matrix (a rate limit needs root; the cells are the product of
 ``--models``, ``--workers`` and ``--bandwidth``, so 8 workers on ResNet-20
 only is a second run)::
@@ -368,11 +382,14 @@ def worker_main(argv: list[str]) -> int:
     import tensorflow as tf  # noqa: PLC0415
 
     import tfcompress  # noqa: PLC0415
+    from tfcompress.bench.cluster import task_rank  # noqa: PLC0415
     from tfcompress.bench.models import gradient_shapes  # noqa: PLC0415
     from tfcompress.distribute import Aggregation  # noqa: PLC0415
 
     strategy = tfcompress.distribute.MultiWorkerMirroredStrategy(compression=None)
-    task = strategy.cluster_resolver.task_id
+    resolver = strategy.cluster_resolver
+    # The chief (worker 0 without one) reports; a chief job shifts the workers by one.
+    task = task_rank(resolver.task_type, resolver.task_id, "chief" in resolver.cluster_spec().jobs)
     n = strategy.num_replicas_in_sync
     shapes = gradient_shapes(args.model)
 
@@ -506,7 +523,9 @@ def worker_main(argv: list[str]) -> int:
 
 
 def _rate_bits_per_second(rate: str) -> float | None:
-    if rate == "none":
+    from tfcompress.bench.cluster import TF_CONFIG_LINK  # noqa: PLC0415
+
+    if rate in ("none", TF_CONFIG_LINK):  # loopback, or a TF_CONFIG cluster's unknown links
         return None
     match = re.fullmatch(r"(\d+(?:\.\d+)?)([kmg]?)bit", rate.lower())
     if not match:
@@ -551,8 +570,35 @@ class _ProgressEcho:
         sys.stderr.flush()
 
 
+def _fail(message: str) -> int:
+    print(f"tfcompress bench aggregate: {message}", file=sys.stderr)
+    return 2
+
+
+def _echo_progress(line: str) -> None:
+    """Passes a ``--cluster tf_config`` chief's progress lines on to stderr."""
+    if line.startswith(_PROGRESS):
+        sys.stderr.write("  " + line[len(_PROGRESS) :])
+        sys.stderr.flush()
+
+
 def main(args: argparse.Namespace) -> int:
-    """Runs the benchmark matrix (see the module docstring) and prints the table."""
+    """Runs the benchmark matrix (see the module docstring) and prints the table.
+
+    With ``--cluster tf_config`` this process is one task of ``TF_CONFIG``'s
+    cluster: each model is one cell of that cluster's worker count, and only
+    the chief prints and writes the table.
+
+    Returns:
+      0, 2 on a bad argument or ``TF_CONFIG`` (before anything runs), or the
+      failed run's exit status.
+    """
+    from tfcompress.bench.cluster import (  # noqa: PLC0415
+        TF_CONFIG_LINK,
+        read_tf_config,
+        report_failure,
+        run_as_task,
+    )
     from tfcompress.launch import launch  # noqa: PLC0415
 
     aggregations = getattr(args, "aggregations", None)
@@ -562,24 +608,44 @@ def main(args: argparse.Namespace) -> int:
     ):
         message = check_names(given, valid, option)
         if message:
-            print(f"tfcompress bench aggregate: {message}", file=sys.stderr)
-            return 2
+            return _fail(message)
     variants = args.variants or list(DEFAULT_VARIANTS)
     aggregations = aggregations or list(DEFAULT_AGGREGATIONS)
+    cluster = getattr(args, "cluster", None) or "local"
+    rates = args.bandwidth
+    me = None
+    if cluster == "tf_config":
+        if args.workers is not None:
+            return _fail("--workers: with --cluster tf_config the workers are TF_CONFIG's")
+        if rates is not None and len(rates) != 1:
+            return _fail("--bandwidth: with --cluster tf_config, one rate (your links')")
+        try:
+            me = read_tf_config()
+        except ValueError as error:
+            return _fail(str(error))
+        worker_counts = [me.num_workers]
+        rates = rates or [TF_CONFIG_LINK]
+    else:
+        worker_counts = args.workers or [2, 4]
+        rates = rates or ["100mbit", "1gbit"]
     try:
-        for rate in args.bandwidth:
+        for rate in rates:
             _rate_bits_per_second(rate)  # a bad rate fails before any launch
     except ValueError as error:
-        print(f"tfcompress bench aggregate: {error}", file=sys.stderr)
-        return 2
-    out = pathlib.Path(args.out or tempfile.mkdtemp(prefix="tfcompress-bench-aggregate-"))
-    out.mkdir(parents=True, exist_ok=True)
+        return _fail(str(error))
+    is_chief = me is None or me.is_chief
+    if is_chief:
+        out = pathlib.Path(args.out or tempfile.mkdtemp(prefix="tfcompress-bench-aggregate-"))
+        out.mkdir(parents=True, exist_ok=True)
+    else:  # the chief's worker writes the rows; this task's stay unwritten
+        out = pathlib.Path(tempfile.mkdtemp(prefix="tfcompress-bench-aggregate-task-"))
+    where = f" (as {me.task_type} {me.task_index} of TF_CONFIG's cluster)" if me else ""
     results = []
-    cells = [(m, n, b) for m in args.models for n in args.workers for b in args.bandwidth]
+    cells = [(m, n, b) for m in args.models for n in worker_counts for b in rates]
     for k, (model, n, rate) in enumerate(cells, 1):
         print(
-            f"[{k}/{len(cells)}] {model}, {n} workers, {rate}: timing {len(variants)} variants "
-            f"x {len(aggregations)} aggregations ...",
+            f"[{k}/{len(cells)}] {model}, {n} workers, {rate}{where}: timing {len(variants)} "
+            f"variants x {len(aggregations)} aggregations ...",
             file=sys.stderr,
             flush=True,
         )
@@ -601,20 +667,31 @@ def main(args: argparse.Namespace) -> int:
             *aggregations,
         ]
         env = {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": os.pathsep.join(sys.path)}
-        run = launch(
-            command,
-            n,
-            timeout=args.timeout,
-            stream=_ProgressEcho(),
-            env=env,
-            bandwidth=None if rate == "none" else rate,
-        )
-        if run.returncode != 0:
-            print(run.format_logs(), file=sys.stderr)
-            return run.returncode or 1
+        if me is None:
+            run = launch(
+                command,
+                n,
+                timeout=args.timeout,
+                stream=_ProgressEcho(),
+                env=env,
+                bandwidth=None if rate == "none" else rate,
+            )
+            if run.returncode != 0:
+                print(run.format_logs(), file=sys.stderr)
+                return run.returncode or 1
+        else:
+            echo = _echo_progress if is_chief else None
+            run = run_as_task(command, timeout=args.timeout, env=env, echo=echo)
+            if run.returncode != 0:
+                return report_failure("aggregate", f"{model}, {n} workers", run)
+        if not is_chief:
+            continue
         for row in json.loads(result_file.read_text()):
             row.update(model=model, workers=n, bandwidth=rate)
             results.append(row)
+    if not is_chief:
+        print(f"{me.task_type} {me.task_index}: done; the chief writes the table", file=sys.stderr)
+        return 0
     table = format_table(results)
     print(table)
     (out / "aggregate.json").write_text(json.dumps(results, indent=2))

@@ -1,6 +1,8 @@
 """Benchmarks that print a table and can draw plots.
 
 tfcompress bench ops [--sizes 1000000 25000000] [--repeats 7] [--out DIR] [--plot]
+tfcompress bench aggregate [--cluster local|tf_config] [--models ...] [--workers ...] ...
+tfcompress bench train [--task cnn|mlp] [--cluster local|tf_config] [--variants ...] ...
 tfcompress bench gradiveq [--train-steps 30] [--sampling-steps 40] [--out DIR] [--plot]
 tfcompress bench deepreduce [--ratios 0.01 0.1] [--repeats 5] [--out DIR] [--plot]
 """
@@ -61,14 +63,21 @@ def _configure_aggregate(benchmarks) -> None:
         default=["resnet20", "resnet18"],
         help="gradient shapes of these models (resnet20, resnet18)",
     )
+    _add_cluster_option(agg)
     agg.add_argument(
-        "--workers", type=int, nargs="+", default=[2, 4], help="worker counts, e.g. 2 4 8"
+        "--workers",
+        type=int,
+        nargs="+",
+        default=None,
+        help="worker counts, e.g. 2 4 8 (default 2 4; not with --cluster tf_config)",
     )
     agg.add_argument(
         "--bandwidth",
         nargs="+",
-        default=["100mbit", "1gbit"],
-        help="link rates (tc syntax); 'none' for unlimited loopback (no root needed)",
+        default=None,
+        help="link rates (tc syntax); 'none' for unlimited loopback (no root needed); default "
+        "100mbit 1gbit. With --cluster tf_config: one rate, your links' as you know it, for "
+        "the limit column (nothing is limited; default: unknown)",
     )
     agg.add_argument(
         "--variants",
@@ -102,28 +111,75 @@ def _configure_aggregate(benchmarks) -> None:
     agg.add_argument("--plot", action="store_true")
 
 
+def _add_cluster_option(parser: argparse.ArgumentParser) -> None:
+    from tfcompress.bench.cluster import CLUSTER_MODES  # noqa: PLC0415
+
+    parser.add_argument(
+        "--cluster",
+        choices=CLUSTER_MODES,
+        default="local",
+        help="local: start the workers here with the launcher; tf_config: run as one task "
+        "of the cluster in TF_CONFIG (start the same command on every machine; the chief, "
+        "else worker 0, writes the results)",
+    )
+
+
 def _configure_train(benchmarks) -> None:
     # The train module imports TensorFlow only when run.
-    from tfcompress.bench.train import VARIANTS as TRAIN_VARIANTS  # noqa: PLC0415
+    from tfcompress.bench.train import ALL_VARIANTS, TASKS  # noqa: PLC0415
 
     train = benchmarks.add_parser(
         "train",
         help="time to accuracy on Fashion-MNIST per compressor at a link rate",
-        description="Fashion-MNIST training curves (accuracy vs time and vs bytes) per compressor.",
+        description="Fashion-MNIST training curves (accuracy vs time and vs bytes) per "
+        "compressor, on a compute-bound CNN or a link-bound wide MLP.",
     )
-    train.add_argument("--bandwidth", default="100mbit", help="link rate, or 'none' for loopback")
-    train.add_argument("--workers", type=int, default=2)
+    train.add_argument(
+        "--task",
+        choices=list(TASKS),
+        default="cnn",
+        help="; ".join(f"{name}: {task.description}" for name, task in TASKS.items())
+        + ". The task sets the defaults of the options below marked (task)",
+    )
+    _add_cluster_option(train)
+    train.add_argument(
+        "--bandwidth",
+        default=None,
+        help="link rate (tc syntax), or 'none' for loopback (default 100mbit); with --cluster "
+        "tf_config only a label for your links (nothing is limited)",
+    )
+    train.add_argument(
+        "--workers", type=int, default=None, help="(task) workers; not with --cluster tf_config"
+    )
     train.add_argument(
         "--variants",
         nargs="*",
         metavar="NAME",
-        help='variant labels (default: all but the aggregation comparisons, labels with ", ", '
-        "and GradiVeQ): " + ", ".join(map(repr, TRAIN_VARIANTS)).replace("%", "%%"),
+        help="variant labels (default: the task's; on cnn all but the aggregation comparisons, "
+        'labels with ", ", GradiVeQ and PowerSGD): '
+        + ", ".join(map(repr, ALL_VARIANTS)).replace("%", "%%"),
     )
-    train.add_argument("--epochs", type=int, default=4)
-    train.add_argument("--train-size", type=int, default=20000)
-    train.add_argument("--batch-size", type=int, default=128)
-    train.add_argument("--target", type=float, default=0.8, help="test accuracy for 'time to'")
+    train.add_argument("--epochs", type=int, default=None, help="(task) epochs")
+    train.add_argument(
+        "--steps-per-epoch",
+        type=int,
+        default=None,
+        help="(task) steps per epoch, one validation pass each (cnn: one pass over the data)",
+    )
+    train.add_argument(
+        "--train-size", type=int, default=None, help="(task) training images (0: all 60,000)"
+    )
+    train.add_argument("--batch-size", type=int, default=None, help="(task) global batch size")
+    train.add_argument(
+        "--validation-size",
+        type=int,
+        default=None,
+        help="(task) test images of each epoch's validation (0: all 10,000); the final "
+        "accuracy is the whole test set's",
+    )
+    train.add_argument(
+        "--target", type=float, default=None, help="(task) test accuracy for 'time to'"
+    )
     train.add_argument("--timeout", type=float, default=1800, help="seconds per training run")
     train.add_argument("--out", default=None)
     train.add_argument("--plot", action="store_true")
