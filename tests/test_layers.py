@@ -1,6 +1,6 @@
 """The package's layers import downward only, without cycles and without lazy imports.
 
-    _internal < ops < codecs < compressors < distribute < keras < tools (launch, bench, data, cli)
+    _internal < ops < codecs < compressors < distribute < keras < tools (launch, bench, fuzz, data, cli)
 
 A module may import modules of its own layer or of a layer below. Import
 cycles between modules are forbidden, and so are imports of tfcompress modules
@@ -26,6 +26,7 @@ LAYERS = {
     "keras": 5,
     "launch": 6,
     "bench": 6,
+    "fuzz": 6,
     "data": 6,
     "cli": 6,
 }

@@ -24,6 +24,7 @@ __all__ = ["main"]
 _SUBCOMMANDS: tuple[tuple[str, str, str], ...] = (
     ("launch", "tfcompress.launch.launcher", "run a command as N local TensorFlow workers"),
     ("bench", "tfcompress.bench.command", "benchmarks: print tables, draw plots"),
+    ("fuzz", "tfcompress.fuzz.command", "fuzz every payload decoder with mutated payloads"),
 )
 
 

@@ -381,6 +381,81 @@ def test_a_basis_changed_after_the_handshake_is_an_error():
         workers.step([np.ones((3, 3, 8, 8), np.float32)] * 2)
 
 
+def _reshaped(payload, name, rows=0, columns=0):
+    """``payload`` with tensor ``name`` given ``rows`` more rows and ``columns`` more columns."""
+    tensor = payload.tensors[name]
+    if rows > 0:
+        tensor = tf.concat([tensor, tf.ones([rows, tensor.shape[1]], tensor.dtype)], axis=0)
+    if columns < 0:
+        tensor = tensor[:, :columns]
+    if columns > 0:
+        tensor = tf.concat([tensor, tf.ones([tensor.shape[0], columns], tensor.dtype)], axis=1)
+    if rows < 0:
+        tensor = tensor[:rows]
+    return payload.replace({**payload.tensors, name: tensor})
+
+
+@pytest.mark.parametrize("valid", [True, False], ids=["projected", "exact-layer"])
+@pytest.mark.parametrize(
+    "name, rows, columns",
+    [
+        ("coefficients_0", 1, 0),  # issue 19: decoded with an extra row added
+        ("coefficients_0", 0, 1),  # issue 19: an extra column silently dropped
+        ("coefficients_0", -1, 0),
+        ("coefficients_1", 0, -1),
+        ("coefficients_1", 2, 2),
+    ],
+)
+def test_decompress_rejects_coefficients_of_the_wrong_shape(valid, name, rows, columns):
+    shape = (3, 3, 8, 8)  # K = 192, S = 3; packs of 2 and 1 slices
+    workers, _ = fitted_workers(shape, num_workers=2, packs=2)
+    layer = workers.layers[0]
+    if not valid:
+        for each in workers.layers:
+            each.valid.assign(0)
+            each.components.assign(0)
+    view = layer.branch(1)
+    # The sum of two workers' identical payloads (the fingerprints must add up to 2x).
+    payload = view.compress(tf.ones(shape))
+    payload = payload.replace({k: 2 * v for k, v in payload.tensors.items()})
+    expected_rows = int(layer.components) + (0 if valid else 192)
+    assert payload.tensors["coefficients_0"].shape == (expected_rows, 2)
+    good = view.decompress(payload).numpy()
+    assert good.shape == shape
+    bad = _reshaped(payload, name, rows, columns)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=f"`{name}` of tensor t#0 has shape"):
+        view.decompress(bad)
+    # Traced with static shapes: caught while tracing (the message may name the
+    # other pack too, when only the row counts disagree).
+    with pytest.raises(tf.errors.InvalidArgumentError, match=f"GradiVeQ: .*`{name}`"):
+        tf.function(lambda: view.decompress(bad))()
+
+    # Shapes known only at run time (as after an all-reduce of d rows): the run-time check.
+    @tf.function(input_signature=[tf.TensorSpec([None, None], bad.tensors[name].dtype)])
+    def dynamic(tensor):
+        return view.decompress(bad.replace({**bad.tensors, name: tensor}))
+
+    with pytest.raises(tf.errors.InvalidArgumentError, match=f"`{name}` of tensor t#0 has shape"):
+        dynamic(bad.tensors[name])
+
+
+def test_decompress_rejects_a_missing_or_misshapen_check():
+    shape = (3, 3, 8, 8)
+    workers, _ = fitted_workers(shape, num_workers=2)
+    view = workers.layers[0].branch(1)
+    payload = view.compress(tf.ones(shape))
+    payload = payload.replace({k: 2 * v for k, v in payload.tensors.items()})
+    short = payload.replace({**payload.tensors, "check": payload.tensors["check"][:2]})
+    with pytest.raises(tf.errors.InvalidArgumentError, match="`check` of tensor t#0 has shape"):
+        view.decompress(short)
+    missing = payload.replace({k: v for k, v in payload.tensors.items() if k != "check"})
+    with pytest.raises(tf.errors.InvalidArgumentError, match="has no `check`"):
+        view.decompress(missing)
+    flat = payload.replace({**payload.tensors, "coefficients_0": tf.zeros([6])})
+    with pytest.raises(tf.errors.InvalidArgumentError, match="expected rank 2"):
+        view.decompress(flat)
+
+
 def test_early_refresh_restarts_sampling():
     shape = (3, 3, 8, 8)
     workers, _ = fitted_workers(shape, num_workers=2, refresh_threshold=0.5)

@@ -63,6 +63,8 @@ def oracle_run_length(indices: np.ndarray) -> np.ndarray:
         j = last + 1
     zero_width = max([z for z, _ in runs] + [0]).bit_length()
     one_width = max([o for _, o in runs] + [0]).bit_length()
+    if runs and zero_width + one_width == 0:
+        zero_width = 1  # every run costs at least one bit
     header = [zero_width, one_width, *len(runs).to_bytes(8, "little")]
     body = pack_codes([z for z, _ in runs], zero_width) + pack_codes(
         [o for _, o in runs], one_width
@@ -219,6 +221,33 @@ def test_run_length_with_wide_codes(impl):
     data = ic.run_length_encode(indices, d).numpy()
     np.testing.assert_array_equal(data, oracle_run_length(indices))
     np.testing.assert_array_equal(ic.run_length_decode(data, d).numpy(), indices)
+
+
+def test_run_length_every_run_costs_a_bit(impl):
+    """{0, 2, 4, ...}: all codes are 0, written at a zero-run width of 1."""
+    for d, indices in ((1, [0]), (10, [0, 2, 4, 6, 8]), (2**20, range(0, 2**20, 2))):
+        indices = np.asarray(indices, np.int64)
+        data = ic.run_length_encode(indices, d).numpy()
+        assert data[0] == 1 and data[1] == 0
+        assert data.size == 10 + (indices.size + 7) // 8
+        np.testing.assert_array_equal(data, oracle_run_length(indices))
+        np.testing.assert_array_equal(ic.run_length_decode(data, d).numpy(), indices)
+    empty = ic.run_length_encode(np.zeros([0], np.int64), 10).numpy()
+    np.testing.assert_array_equal(empty, [0] * 10)
+    assert ic.run_length_decode(empty, 10).numpy().size == 0
+
+
+@pytest.mark.parametrize("d", [2**30, 2**62])
+def test_run_length_runs_are_bounded_by_the_data_not_the_dense_length(impl, d):
+    """A 10-byte header cannot ask for d / 2 runs (issue 19: 4.3 GB, a hang)."""
+    runs = (d // 2).to_bytes(8, "little")
+    data = np.array([0, 0, *runs], np.uint8)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="widths 0 and 0"):
+        ic.run_length_decode(data, d)
+    # The largest number of runs 2 body bytes hold: 16 one-bit codes, 8 of each.
+    data = np.array([1, 0, *(9).to_bytes(8, "little"), 0, 0, 0], np.uint8)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="do not fill"):
+        ic.run_length_decode(data, d)
 
 
 @pytest.mark.parametrize("m", [1, 1_000_003, 2**32, 2**32 + 1, 2**45 + 7])
@@ -529,6 +558,13 @@ BAD_DATA = [
     ("runlength", _with(GOOD_RLE, 11, 0x22), 10),  # non-zero padding bits
     ("runlength", [63, 0, 1, 0, 0, 0, 0, 0, 0, 0, *([255] * 7), 127], 2**62),  # 2^63-1 zeros
     ("runlength", [0, 0, 255, 255, 255, 255, 255, 255, 255, 63], 2**62),  # runs > d/2
+    # Found by fuzzing (issue 19): widths 0 and 0 let a 10-byte header choose any
+    # number of runs up to d / 2. 2^29 runs in 2^30 positions made the kernel
+    # allocate 4.3 GB of positions; 2^61 runs in 2^62 made its loop hang.
+    ("runlength", [0, 0, 0, 0, 0, 0x20, 0, 0, 0, 0], 2**30),
+    ("runlength", [0, 0, 0, 0, 0, 0, 0, 0, 0, 0x20], 2**62),
+    ("runlength", [0, 0, 1, 0, 0, 0, 0, 0, 0, 0], 10),  # one run of widths 0 and 0
+    ("runlength", [1, 0, 17, 0, 0, 0, 0, 0, 0, 0, 0, 0], 100),  # 17 one-bit codes in 2 bytes
     ("varint", [], 10),  # no count
     ("varint", [1, 0x80], 10),  # truncated
     ("varint", [2, 0x81, 0x80], 10),  # truncated

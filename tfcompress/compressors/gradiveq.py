@@ -126,6 +126,7 @@ from tfcompress.compressors.state import (
     local_variable,
     state_name,
 )
+from tfcompress.ops.checks import invalid_argument, require
 
 __all__ = ["GradiVeQ", "GradiVeQSchedule", "slice_geometry"]
 
@@ -1234,7 +1235,8 @@ class _CompressedBranch(_Branch):
     def decompress(self, payload: Payload) -> tf.Tensor:
         layer = self.layer
         replicas = layer.context.num_replicas
-        check = payload.tensors["check"]
+        d = layer.components.read_value()
+        check, packs = _checked_tensors(layer, payload, d)
         same = tf.raw_ops.Assert(
             condition=layer.agreed_in_sum(check[:2]),
             data=[
@@ -1247,8 +1249,6 @@ class _CompressedBranch(_Branch):
                 )
             ],
         )
-        d = layer.components.read_value()
-        packs = [payload.tensors[f"coefficients_{p}"] for p in range(len(layer.pack_bounds))]
         summed = tf.concat(packs, axis=1) if len(packs) > 1 else packs[0]  # [d (+K), S]
 
         def projected() -> tf.Tensor:  # U_d^T c + mu, [S, K], written once
@@ -1267,6 +1267,76 @@ class _CompressedBranch(_Branch):
             dependencies += _ops(refresh)
         with tf.control_dependencies(dependencies):
             return tf.identity(layer.unslice(slices, payload))
+
+
+def _checked_tensors(
+    layer: GradiVeQLayer, payload: Payload, d: tf.Tensor
+) -> tuple[tf.Tensor, list[tf.Tensor]]:
+    """``check`` and the coefficient packs of a compressed-branch payload, shapes checked.
+
+    Pack ``p`` must be ``[d + K (1 - valid), S_p]`` and ``check`` ``[3]``: a
+    pack with a row too many or a column too few would otherwise decode to a
+    wrong gradient without an error (docs/PAYLOADS.md: every decoder checks
+    every length).
+
+    Raises:
+        tf.errors.InvalidArgumentError: a tensor is missing or of the wrong
+            rank (at trace time), or of the wrong shape (at run time), naming
+            the tensor.
+    """
+    key = layer.context.key
+    k = layer.geometry[0]
+    rows = d + tf.constant(k, d.dtype) * (1 - layer.valid.read_value())
+    expected = [("check", None, 3)] + [
+        (f"coefficients_{p}", rows, b - a) for p, (a, b) in enumerate(layer.pack_bounds)
+    ]
+    checked = {}
+    static_rows = {}  # the first pack's static row count, which every pack must share
+    for name, expected_rows, columns in expected:
+        if name not in payload.tensors:
+            raise invalid_argument(
+                f"GradiVeQ: corrupted payload: tensor {key} has no `{name}` "
+                f"(got {sorted(payload.tensors)})"
+            )
+        tensor = tf.convert_to_tensor(payload.tensors[name])
+        rank = 1 if expected_rows is None else 2
+        if tensor.shape.rank is not None and tensor.shape.rank != rank:
+            raise invalid_argument(
+                f"GradiVeQ: corrupted payload: `{name}` of tensor {key} has shape "
+                f"{tensor.shape}, expected rank {rank}"
+            )
+        static = tensor.shape.as_list() if tensor.shape.rank is not None else None
+        if static is not None and static[-1] is not None and static[-1] != columns:
+            raise invalid_argument(
+                f"GradiVeQ: corrupted payload: `{name}` of tensor {key} has shape "
+                f"{tensor.shape}, expected {columns} columns"
+            )
+        if expected_rows is not None and static is not None and static[0] is not None:
+            first = static_rows.setdefault("rows", (name, static[0]))
+            if first[1] != static[0]:
+                raise invalid_argument(
+                    f"GradiVeQ: corrupted payload: `{name}` of tensor {key} has shape "
+                    f"{tensor.shape}: {static[0]} rows, but `{first[0]}` has {first[1]}"
+                )
+        shape = tf.shape(tensor, out_type=tf.int64)
+        if expected_rows is None:
+            want = tf.constant([columns], tf.int64)
+            text = f"[{columns}]"
+        else:
+            want = tf.stack([tf.cast(expected_rows, tf.int64), tf.constant(columns, tf.int64)])
+            text = f"[d + K (1 - valid), {columns}] (K = {k})"
+        checks = require(
+            tf.equal(tf.size(shape), rank) & tf.reduce_all(tf.equal(shape, want)),
+            lambda name=name, shape=shape, want=want, text=text: [
+                f"GradiVeQ: corrupted payload: `{name}` of tensor {key} has shape ",
+                shape,
+                f", expected {text} = ",
+                want,
+            ],
+        )
+        with tf.control_dependencies(checks):
+            checked[name] = tf.identity(tensor)
+    return checked["check"], [checked[f"coefficients_{p}"] for p in range(len(layer.pack_bounds))]
 
 
 def _after(operations: list) -> tf.Tensor:

@@ -32,7 +32,10 @@ Byte layouts (also in ``docs/PAYLOADS.md``, section "Index codecs"):
   zero-run codes of ``zero_width`` bits (padded to a byte), then ``runs``
   one-run codes of ``one_width`` bits (padded). Run ``j`` of consecutive
   indices follows ``zero_code[j] + (j > 0)`` absent positions and has length
-  ``one_code[j] + 1``; a width is the bit length of the largest code;
+  ``one_code[j] + 1``; a width is the bit length of the largest code,
+  except that every run costs at least one bit (when all codes are 0 the
+  zero-run width is 1), so the decoder bounds the number of runs by the
+  data's size and its output by ``d``;
 * varint: LEB128 varints (7 bits per byte, low group first, high bit = "more
   bytes follow", at most 9 bytes, canonical): the count ``r``, then the gap
   ``g_0 = i_0``, ``g_j = i_j - i_{j-1} - 1`` of each index (the count makes a
@@ -192,9 +195,11 @@ def run_length_decode(
 
     Raises:
         tf.errors.InvalidArgumentError: a short header, a width above 63,
-            more runs than positions, streams that do not fill the data
-            exactly, non-zero padding, runs ending past ``d`` ("corrupted
-            payload"), a bad ``dense_length``, a wrong rank.
+            more runs than positions, runs with widths 0 and 0 (a run
+            takes at least one bit: at most ``8 * (len(data) - 10)`` runs),
+            streams that do not fill the data exactly, non-zero padding,
+            runs ending past ``d`` ("corrupted payload"), a bad
+            ``dense_length``, a wrong rank.
 
     >>> data = tf.constant([2, 2, 2, 0, 0, 0, 0, 0, 0, 0, 10, 2], tf.uint8)
     >>> run_length_decode(data, 10).numpy().tolist()

@@ -406,6 +406,9 @@ def run_length_encode(indices: tf.Tensor, dense_length: tf.Tensor) -> tf.Tensor:
         zero = tf.zeros([1], tf.uint64)
         zero_width = _bit_length(tf.reduce_max(tf.concat([zero, zero_codes], 0)))
         one_width = _bit_length(tf.reduce_max(tf.concat([zero, one_codes], 0)))
+        # Every run costs at least one bit (so a decoder bounds the runs by the size).
+        all_zero = (runs > 0) & tf.equal(zero_width + one_width, 0)
+        zero_width = tf.where(all_zero, tf.constant(1, tf.int64), zero_width)
         header = tf.concat(
             [
                 tf.cast(tf.stack([zero_width, one_width]), tf.uint8),
@@ -441,13 +444,20 @@ def run_length_decode(data: tf.Tensor, dense_length: tf.Tensor) -> tf.Tensor:
             zero_width, " and ", one_width,
         )  # fmt: skip
         runs_field = read_uint64(data[2:RUN_LENGTH_HEADER_BYTES])
+        # Runs hold at least one position each and are at least one position apart.
         checks += _corrupted(
             op, runs_field <= tf.cast((dense_length + 1) // 2, tf.uint64), runs_field, " runs in ",
             dense_length, " positions",
         )  # fmt: skip
-    # Runs hold at least one position each and are at least one position apart.
     with tf.control_dependencies(checks):
         runs = tf.cast(runs_field, tf.int64)
+        # Every run takes at least one bit of the body: the number of runs (the
+        # length of everything below) is bounded by the payload's size.
+        checks = _corrupted(
+            op, tf.equal(runs, 0) | (zero_width + one_width >= 1), runs,
+            " runs of widths 0 and 0 (every run takes at least one bit)",
+        )  # fmt: skip
+    with tf.control_dependencies(checks):
         body = size - RUN_LENGTH_HEADER_BYTES
         zero_bytes = _packed_bytes(runs, zero_width, body)
         one_bytes = _packed_bytes(runs, one_width, body)

@@ -138,7 +138,10 @@ def qsgd_decode(
         if levels < 2**level_bits - 1:
             checks = _first_true_checks(op, level > levels, f"has a level above levels={levels}")
         else:
-            checks = []
+            # No level check: still nothing below may run before the length
+            # checks (in a graph, tf.range(count) would allocate a corrupted
+            # count's worth of memory before they fail). `level` comes after them.
+            checks = [level]
     with tf.control_dependencies(checks):
         steps = _divide(tf.cast(flat_norms, ctype), tf.constant(levels, ctype))
         step = tf.gather(steps, tf.range(count) // bucket_size)

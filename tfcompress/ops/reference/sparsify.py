@@ -127,7 +127,8 @@ def sparse_scatter(values: tf.Tensor, indices: tf.Tensor, size: tf.Tensor) -> tf
         padded = tf.concat([wide, tf.zeros([1], tf.int64)], 0)
 
         def range_message() -> list[str | tf.Tensor]:
-            j = tf.reduce_min(tf.where(out_of_range, positions, m_indices))
+            # Clipped: the minimum of an empty tensor (no indices) is the int64 maximum.
+            j = tf.minimum(tf.reduce_min(tf.where(out_of_range, positions, m_indices)), m_indices)
             return [
                 "SparseScatter: corrupted payload: `indices[",
                 j,
@@ -144,7 +145,7 @@ def sparse_scatter(values: tf.Tensor, indices: tf.Tensor, size: tf.Tensor) -> tf
         unordered = wide[1:] <= wide[:-1]
 
         def order_message() -> list[str | tf.Tensor]:
-            j = tf.reduce_min(tf.where(unordered, positions[1:], m_indices))
+            j = tf.minimum(tf.reduce_min(tf.where(unordered, positions[1:], m_indices)), m_indices)
             previous = tf.maximum(j - 1, 0)
             return [
                 "SparseScatter: corrupted payload: `indices` must be strictly increasing "

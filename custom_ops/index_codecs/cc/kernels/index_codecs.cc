@@ -366,6 +366,13 @@ class BitmapDecodeOp : public OpKernel {
 // one_width bits, padded to a byte. Run j of ones starts after a run of zeros
 // of length zero_code[j] + (j > 0 ? 1 : 0) and has length one_code[j] + 1;
 // the zeros after the last run are implied by the dense length.
+//
+// Every run costs at least one bit of the body: when all codes of both
+// streams are 0 (the index set {0, 2, 4, ...}) the encoder writes a zero-run
+// width of 1, and the decoder rejects zero widths with runs > 0. So the
+// number of runs, the length of the decoder's header-chosen loop, is bounded
+// by 8 * (bytes - 10), the payload size, whatever the dense length; and the
+// positions it writes are bounded by the dense length.
 
 class RunLengthEncodeOp : public OpKernel {
  public:
@@ -402,6 +409,7 @@ class RunLengthEncodeOp : public OpKernel {
       one_width = std::max(one_width, BitLength(code));
     }
     const int64_t runs = zero_codes.size();
+    if (runs > 0 && zero_width == 0 && one_width == 0) zero_width = 1;
     const int64_t zero_bytes = (runs * zero_width + 7) / 8;
     const int64_t one_bytes = (runs * one_width + 7) / 8;
     Tensor* output = nullptr;
@@ -457,6 +465,10 @@ class RunLengthDecodeOp : public OpKernel {
                 InvalidArgument("RunLengthDecode: corrupted payload: ",
                                 runs_field, " runs in ", d, " positions"));
     const int64_t runs = static_cast<int64_t>(runs_field);
+    OP_REQUIRES(context, runs == 0 || zero_width + one_width >= 1,
+                InvalidArgument("RunLengthDecode: corrupted payload: ", runs,
+                                " runs of widths 0 and 0 (every run takes at "
+                                "least one bit)"));
     const int64_t body = bytes - kRunLengthHeaderBytes;
     const int64_t zero_bytes = PackedBytesWithin(runs, zero_width, body);
     const int64_t one_bytes = PackedBytesWithin(runs, one_width, body);

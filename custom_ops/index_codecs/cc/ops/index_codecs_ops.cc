@@ -83,7 +83,10 @@ REGISTER_OP(TFCOMPRESS_OP_NAME("BitmapDecode"))
     .Output("positions: int64")
     .SetShapeFn(VectorThenScalars);
 
-// Run lengths over the bitmap of a set of indices, bit-packed.
+// Run lengths over the bitmap of a set of indices, bit-packed. Every run
+// costs at least one bit (widths 0 and 0 are written as 1 and 0), so the
+// decoder's work is bounded by its data's size and its output by
+// dense_length.
 REGISTER_OP(TFCOMPRESS_OP_NAME("RunLengthEncode"))
     .Input("indices: int64")
     .Input("dense_length: int64")

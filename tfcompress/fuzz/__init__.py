@@ -1,0 +1,10 @@
+"""Fuzzing of every payload decoder: mutated payloads, child processes, a table.
+
+``tfcompress fuzz --payloads N --seconds S`` (:mod:`tfcompress.fuzz.command`)
+runs :func:`run` and prints :func:`format_table`; the families are in
+:mod:`tfcompress.fuzz.families`, the mutations in :mod:`tfcompress.fuzz.mutate`.
+"""
+
+from tfcompress.fuzz.engine import COUNTERS, FAMILIES, FuzzReport, format_table, run
+
+__all__ = ["COUNTERS", "FAMILIES", "FuzzReport", "format_table", "run"]

@@ -1,0 +1,551 @@
+"""The fuzzing engine: child processes that decode mutated payloads, and the parent that watches.
+
+The parent (:func:`run`) never imports TensorFlow. It starts ``workers``
+child processes (``python -m tfcompress.fuzz.engine CONFIG``), each with its
+own seed; a child builds a pool of valid payloads per family, then decodes
+mutated copies (:mod:`tfcompress.fuzz.mutate`) round robin over the families
+until its share of the payloads or the time is used, with the C++ kernels
+and with the references (in graph mode, and eagerly for every fourth
+payload), and compares them. Before each payload the child writes the
+family and payload number into a small shared status file; its counts go to
+a results file every two seconds and at the end.
+
+So a crash (the child dies by a signal or exits non-zero) is seen as a
+crash, of the payload in the status file, and a hang as a hang: the payload
+counter of the status file stops moving for ``hang_seconds``, and the parent
+kills the child. Either way the parent counts it, keeps what the child
+reported, and starts a fresh child on another seed stream.
+
+Memory: before each chunk of a family's payloads the child resets its peak
+resident set size (``/proc/self/clear_refs``) and reads it after
+(``VmHWM``); the table shows the largest per family, the child's RSS after
+setup, and ``getrusage(RUSAGE_CHILDREN).ru_maxrss`` over all children.
+
+Outcomes of one payload (decoded by kernel and reference when the family
+has a kernel):
+
+* ``errors``: both raised ``InvalidArgumentError`` (a clean rejection);
+* ``same``: accepted, and decodes to what the unmutated payload decodes to;
+* ``changed``: accepted, keeps the decoder's contract, decodes to something
+  else (acceptable: the formats carry no checksum, see ``docs/PAYLOADS.md``);
+* ``violations``: accepted but breaks the contract (a wrong length,
+  positions out of range or order, a non-finite value that the codec
+  promises to reject): must be 0;
+* ``unclean``: an exception other than ``InvalidArgumentError``: must be 0;
+* ``disagreements``: kernel and reference differ (one accepts, or outputs
+  differ): must be 0;
+* ``subnormal``: kernel and reference both accept and differ only where
+  one of them flushed a subnormal value to zero (TensorFlow's own ops run
+  with flush-to-zero; a corrupted scale or norm can be subnormal): a known
+  difference, counted apart, not hidden among the agreements;
+* ``crashes`` and ``hangs``: must be 0.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import json
+import mmap
+import os
+import pathlib
+import resource
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from tfcompress.fuzz.names import FAMILIES
+
+__all__ = ["COUNTERS", "FAMILIES", "FuzzReport", "format_table", "run"]
+
+
+COUNTERS = (
+    "payloads",
+    "errors",
+    "same",
+    "changed",
+    "violations",
+    "unclean",
+    "disagreements",
+    "subnormal",
+    "crashes",
+    "hangs",
+)
+"""The per-family counters, in table order."""
+
+_STATUS = struct.Struct("<qqqq")  # phase, family index, payload index, payloads done
+_CHUNK = 64  # payloads of one family between two peak-RSS readings
+_POOL = 12  # valid base payloads per family and child
+_EAGER_EVERY = 4
+_MAX_SAMPLES = 3
+
+
+@dataclasses.dataclass
+class FuzzReport:
+    """What a fuzz run found.
+
+    Attributes:
+        families: family -> counter -> count (:data:`COUNTERS`), plus
+            ``max_rss_kb`` (the peak RSS of a child while decoding the family)
+            and ``changed_by_mutation`` (mutation -> silent accepts).
+        samples: family -> outcome -> up to 3 examples (mutation, payload id, message).
+        seconds: wall time of the run.
+        setup_rss_kb: the largest RSS of a child after its setup (TensorFlow,
+            the op library, the traced decoders), before any fuzzing.
+        children_max_rss_kb: ``ru_maxrss`` of all children (killed ones too).
+        workers: child processes at a time.
+        restarts: children started after a crash or hang.
+    """
+
+    families: dict[str, dict[str, Any]]
+    samples: dict[str, dict[str, list]]
+    seconds: float
+    setup_rss_kb: int
+    children_max_rss_kb: int
+    workers: int
+    restarts: int
+
+    def total(self, counter: str) -> int:
+        """The sum of ``counter`` over every family."""
+        return sum(int(f.get(counter, 0)) for f in self.families.values())
+
+
+# --- the child -----------------------------------------------------------------------------
+
+
+def _peak_rss_reset() -> None:
+    with contextlib.suppress(OSError):
+        pathlib.Path("/proc/self/clear_refs").write_text("5")
+
+
+def _peak_rss_kb() -> int:
+    try:
+        for line in pathlib.Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
+def _rss_kb() -> int:
+    for line in pathlib.Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def _child(config: dict) -> int:
+    """Runs in the child process: fuzz until the budget is spent, reporting as it goes."""
+    import numpy as np  # noqa: PLC0415
+    import tensorflow as tf  # noqa: PLC0415
+
+    from tfcompress import ops  # noqa: PLC0415
+    from tfcompress.fuzz.families import get_families  # noqa: PLC0415
+    from tfcompress.fuzz.mutate import MUTATIONS, mutate  # noqa: PLC0415
+
+    status_file = open(config["status"], "r+b")  # noqa: SIM115
+    status = mmap.mmap(status_file.fileno(), _STATUS.size)
+    _STATUS.pack_into(status, 0, 0, -1, -1, 0)
+    seed = config["seed"]
+    families = get_families(config["families"])
+    implementations = {
+        f.name: (("kernel", "reference") if f.has_kernel and config["kernels"] else ("reference",))
+        for f in families
+    }
+    pools = {}
+    for number, family in enumerate(families):
+        rng = np.random.default_rng([seed, number, 2**31])
+        pools[family.name] = [family.make(rng) for _ in range(_POOL)]
+    graphs = {}
+    for family in families:
+        names = tuple(pools[family.name][0].attributes)
+        for implementation in implementations[family.name]:
+            graphs[family.name, implementation] = family.graph_decoder(implementation, names)
+
+    counts = {f.name: collections.Counter() for f in families}
+    changed_by_mutation = {f.name: collections.Counter() for f in families}
+    samples = {f.name: collections.defaultdict(list) for f in families}
+    max_rss = dict.fromkeys(counts, 0)
+    setup_rss = _rss_kb()
+
+    def decode(family, case, implementation, eager):
+        try:
+            if eager:
+                with ops.implementation(implementation):
+                    tensors = {k: tf.constant(v) for k, v in case.tensors.items()}
+                    attributes = {k: np.int64(v) for k, v in case.attributes.items()}
+                    output = family.decode(tensors, attributes)
+            else:
+                function, names = graphs[family.name, implementation]
+                args = [tf.constant(case.tensors[n], family.signature[n].dtype) for n in names]
+                args += [tf.constant(v, tf.int64) for v in case.attributes.values()]
+                output = function(*args)
+            return "ok", np.asarray(output.numpy())
+        except tf.errors.InvalidArgumentError as error:
+            return "invalid", first_line(error.message)
+        except Exception as error:  # noqa: BLE001 (every other exception is a finding)
+            return "other", f"{type(error).__name__}: {first_line(error)}"
+
+    def flushed(a):
+        if a.dtype.kind != "f":
+            return a
+        tiny = np.finfo(a.dtype).tiny
+        return np.where(np.abs(a) < tiny, np.zeros_like(a), a)
+
+    def first_line(error) -> str:
+        lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+        useful = [line for line in lines if "corrupted" in line or "assertion failed" in line]
+        return (useful or lines or [""])[0][:300]
+
+    def same(a, b) -> bool:
+        if a.shape != b.shape or a.dtype != b.dtype:
+            return False
+        if a.dtype.kind == "f":
+            return bool(np.array_equal(a, b, equal_nan=True))
+        return bool(np.array_equal(a, b))
+
+    def note(family, outcome, mutation, index, message):
+        found = samples[family][outcome]
+        if len(found) < _MAX_SAMPLES:
+            found.append([mutation, f"{seed}:{family}:{index}", message])
+
+    def flush(final: bool) -> None:
+        report = {
+            "families": {
+                name: {
+                    **{c: int(counts[name][c]) for c in COUNTERS},
+                    "max_rss_kb": max_rss[name],
+                    "changed_by_mutation": dict(changed_by_mutation[name]),
+                }
+                for name in counts
+            },
+            "samples": {name: dict(found) for name, found in samples.items()},
+            "setup_rss_kb": setup_rss,
+            "final": final,
+        }
+        path = pathlib.Path(config["results"])
+        path.with_suffix(".tmp").write_text(json.dumps(report))
+        path.with_suffix(".tmp").replace(path)
+
+    deadline = time.monotonic() + config["seconds"]
+    budget = config["payloads"]
+    done = 0
+    last_flush = time.monotonic()
+    next_index = dict.fromkeys(counts, 0)
+    # Small runs still reach every family: chunks no larger than a fair share.
+    chunk_size = max(1, min(_CHUNK, budget // max(len(families), 1)))
+    _STATUS.pack_into(status, 0, 1, -1, -1, 0)
+    while done < budget and time.monotonic() < deadline:
+        for number, family in enumerate(families):
+            chunk = min(chunk_size, budget - done)
+            if chunk <= 0:
+                break
+            _peak_rss_reset()
+            for _ in range(chunk):
+                index = next_index[family.name]
+                next_index[family.name] += 1
+                _STATUS.pack_into(status, 0, 1, number, index, done)
+                rng = np.random.default_rng([seed, number, index])
+                base = pools[family.name][int(rng.integers(0, _POOL))]
+                mutation = MUTATIONS[int(rng.integers(0, len(MUTATIONS)))]
+                case = mutate(family, base, mutation, rng)
+                eager = index % _EAGER_EVERY == 0
+                outcomes = [decode(family, case, i, eager) for i in implementations[family.name]]
+                tally = counts[family.name]
+                tally["payloads"] += 1
+                done += 1
+                kinds = {kind for kind, _ in outcomes}
+                if "other" in kinds:
+                    tally["unclean"] += 1
+                    message = next(m for k, m in outcomes if k == "other")
+                    note(family.name, "unclean", mutation, index, message)
+                elif (
+                    kinds == {"ok"}
+                    and not all(same(outcomes[0][1], o) for _, o in outcomes[1:])
+                    and all(same(flushed(outcomes[0][1]), flushed(o)) for _, o in outcomes[1:])
+                ):
+                    tally["subnormal"] += 1
+                    note(family.name, "subnormal", mutation, index, "differ in subnormals")
+                elif len(kinds) > 1 or (
+                    kinds == {"ok"} and not all(same(outcomes[0][1], o) for _, o in outcomes[1:])
+                ):
+                    tally["disagreements"] += 1
+                    message = " / ".join(
+                        f"{i}: {k} {m if k != 'ok' else m.shape}"
+                        for i, (k, m) in zip(implementations[family.name], outcomes, strict=True)
+                    )
+                    note(family.name, "disagreements", mutation, index, message)
+                elif kinds == {"invalid"}:
+                    tally["errors"] += 1
+                else:
+                    output = outcomes[0][1]
+                    broken = family.contract(output, case.attributes)
+                    if broken is not None:
+                        tally["violations"] += 1
+                        note(family.name, "violations", mutation, index, broken)
+                    elif case.expected is not None and same(output, case.expected):
+                        tally["same"] += 1
+                    else:
+                        tally["changed"] += 1
+                        changed_by_mutation[family.name][mutation] += 1
+                        note(family.name, "changed", mutation, index, f"output {output.shape}")
+            max_rss[family.name] = max(max_rss[family.name], _peak_rss_kb())
+            if time.monotonic() - last_flush > 2.0:
+                flush(False)
+                last_flush = time.monotonic()
+            if time.monotonic() >= deadline:
+                break
+    _STATUS.pack_into(status, 0, 2, -1, -1, done)
+    flush(True)
+    return 0
+
+
+# --- the parent ----------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class _Child:
+    seed: int
+    process: subprocess.Popen
+    status: pathlib.Path
+    results: pathlib.Path
+    payloads: int
+    started: float
+    last_done: int = 0
+    last_progress: float = 0.0
+
+
+def _read_status(path: pathlib.Path) -> tuple[int, int, int, int]:
+    data = path.read_bytes()
+    if len(data) < _STATUS.size:
+        return 0, -1, -1, 0
+    return _STATUS.unpack_from(data, 0)
+
+
+def _read_results(path: pathlib.Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def run(
+    payloads: int,
+    seconds: float,
+    seed: int = 0,
+    families: Sequence[str] | None = None,
+    workers: int = 1,
+    kernels: bool = True,
+    hang_seconds: float = 30.0,
+    startup_seconds: float = 600.0,
+    progress=None,
+) -> FuzzReport:
+    """Fuzzes the decoders with up to ``payloads`` mutated payloads in about ``seconds``.
+
+    Args:
+        payloads: how many mutated payloads to decode in all (each with the
+            kernel and the reference where the family has a kernel).
+        seconds: wall-time budget for the fuzzing (children stop at it; their
+            start-up, about 10 s, comes on top).
+        seed: the run's seed; child ``c`` of restart ``r`` uses
+            ``seed * 1000 + 100 * r + c``.
+        families: names from :data:`tfcompress.fuzz.families.FAMILIES` (default: all).
+        workers: child processes at a time (one per core you can spare).
+        kernels: decode with the C++ kernels too (else references only).
+        hang_seconds: a child whose payload counter stops this long hangs.
+        startup_seconds: limit for a child's setup (imports, pools, tracing).
+        progress: optional callable ``(payloads_done, seconds) -> None``, called
+            about every 10 s.
+
+    Returns:
+        The report.
+    """
+    names = list(families or FAMILIES)
+    unknown = [n for n in names if n not in FAMILIES]
+    if unknown:
+        raise ValueError(f"unknown fuzz families {unknown}; valid: {', '.join(FAMILIES)}")
+    start = time.monotonic()
+    deadline = start + seconds
+    merged = {n: collections.Counter() for n in names}
+    changed = {n: collections.Counter() for n in names}
+    max_rss = dict.fromkeys(names, 0)
+    samples: dict[str, dict[str, list]] = {n: collections.defaultdict(list) for n in names}
+    setup_rss = 0
+    restarts = 0
+    remaining = payloads
+    with tempfile.TemporaryDirectory(prefix="tfcompress-fuzz-") as folder:
+        folder = pathlib.Path(folder)
+        running: list[_Child] = []
+        launched = 0
+
+        def launch(share: int) -> None:
+            nonlocal launched
+            child_seed = seed * 1000 + launched
+            status = folder / f"status-{launched}"
+            status.write_bytes(bytes(_STATUS.size))
+            results = folder / f"results-{launched}.json"
+            config = {
+                "seed": child_seed,
+                "families": names,
+                "payloads": share,
+                "seconds": max(1.0, deadline - time.monotonic()),
+                "kernels": kernels,
+                "status": str(status),
+                "results": str(results),
+            }
+            process = subprocess.Popen(
+                [sys.executable, "-m", "tfcompress.fuzz.engine", json.dumps(config)],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
+            )
+            now = time.monotonic()
+            running.append(_Child(child_seed, process, status, results, share, now, 0, now))
+            launched += 1
+
+        def absorb(child: _Child, outcome: str | None, stderr: str) -> int:
+            """Adds a finished child's results; returns the payloads it did."""
+            nonlocal setup_rss
+            results = _read_results(child.results) or {"families": {}, "samples": {}}
+            done = 0
+            for name, found in results["families"].items():
+                for counter in COUNTERS:
+                    merged[name][counter] += found.get(counter, 0)
+                done += found.get("payloads", 0)
+                changed[name].update(found.get("changed_by_mutation", {}))
+                max_rss[name] = max(max_rss[name], found.get("max_rss_kb", 0))
+            for name, by_outcome in results["samples"].items():
+                for outcome_name, found in by_outcome.items():
+                    room = _MAX_SAMPLES - len(samples[name][outcome_name])
+                    samples[name][outcome_name].extend(found[: max(room, 0)])
+            setup_rss = max(setup_rss, results.get("setup_rss_kb", 0))
+            if outcome is not None:
+                phase, family_number, index, reported = _read_status(child.status)
+                name = names[family_number] if 0 <= family_number < len(names) else "(setup)"
+                if name not in merged:
+                    merged[name] = collections.Counter()
+                    samples[name] = collections.defaultdict(list)
+                    max_rss[name] = 0
+                merged[name][outcome] += 1
+                merged[name]["payloads"] += 1
+                # Payloads decoded after the child's last results flush are not
+                # counted (their outcomes are lost), but they are not redone.
+                done = max(done, reported) + 1
+                samples[name][outcome].append(
+                    [None, f"{child.seed}:{name}:{index}", stderr.strip()[-500:] or outcome]
+                )
+            return done
+
+        for c in range(workers):
+            launch(remaining // workers + (1 if c < remaining % workers else 0))
+        last_report = start
+        while running:
+            time.sleep(0.2)
+            now = time.monotonic()
+            for child in list(running):
+                code = child.process.poll()
+                phase, _, _, reported = _read_status(child.status)
+                outcome = None
+                if code is None:
+                    if reported != child.last_done or phase != 1:
+                        child.last_done, child.last_progress = reported, now
+                    limit = startup_seconds if phase == 0 else hang_seconds
+                    since = child.started if phase == 0 else child.last_progress
+                    if now - since > limit:
+                        child.process.kill()
+                        child.process.wait()
+                        outcome = "hangs"
+                    else:
+                        continue
+                elif code != 0 or phase != 2:
+                    outcome = "crashes"
+                stderr = child.process.stderr.read().decode(errors="replace") if outcome else ""
+                child.process.stderr.close()
+                running.remove(child)
+                done = absorb(child, outcome, stderr)
+                left = child.payloads - done
+                if outcome is not None and left > 0 and time.monotonic() < deadline:
+                    restarts += 1
+                    launch(left)
+            if progress is not None and now - last_report > 10:
+                last_report = now
+                done = sum(_read_status(c.status)[3] for c in running) + sum(
+                    merged[n]["payloads"] for n in merged
+                )
+                progress(done, now - start)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    table = {
+        name: {
+            **{c: int(merged[name][c]) for c in COUNTERS},
+            "max_rss_kb": max_rss.get(name, 0),
+            "changed_by_mutation": dict(changed.get(name, {})),
+        }
+        for name in merged
+    }
+    return FuzzReport(
+        families=table,
+        samples={n: dict(s) for n, s in samples.items() if s},
+        seconds=time.monotonic() - start,
+        setup_rss_kb=setup_rss,
+        children_max_rss_kb=children,
+        workers=workers,
+        restarts=restarts,
+    )
+
+
+def format_table(report: FuzzReport) -> str:
+    """The report as a Markdown table with a total row, then the run's memory figures."""
+    header = [
+        "family",
+        "payloads",
+        "errors",
+        "accepted, same",
+        "accepted, changed",
+        "contract violations",
+        "unclean errors",
+        "disagreements",
+        "subnormal",
+        "crashes",
+        "hangs",
+        "peak RSS MiB",
+    ]
+    rows = []
+    for name, found in report.families.items():
+        rows.append(
+            [name, *(f"{found[c]:,}" for c in COUNTERS), f"{found['max_rss_kb'] / 1024:.0f}"]
+        )
+    rows.append(
+        [
+            "**total**",
+            *(f"{report.total(c):,}" for c in COUNTERS),
+            f"{max((f['max_rss_kb'] for f in report.families.values()), default=0) / 1024:.0f}",
+        ]
+    )
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    accepted: collections.Counter = collections.Counter()
+    for found in report.families.values():
+        accepted.update(found.get("changed_by_mutation", {}))
+    rate = report.total("payloads") / max(report.seconds, 1e-9)
+    lines += [
+        "",
+        f"{report.total('payloads'):,} payloads in {report.seconds:.0f} s ({rate:,.0f}/s, "
+        f"{report.workers} worker(s), {report.restarts} restart(s)); "
+        f"child RSS after setup {report.setup_rss_kb / 1024:.0f} MiB, "
+        f"largest child RSS {report.children_max_rss_kb / 1024:.0f} MiB.",
+        "Silent accepts with a changed output, by mutation: "
+        + (", ".join(f"{k} {v:,}" for k, v in accepted.most_common()) or "none"),
+    ]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    sys.exit(_child(json.loads(sys.argv[1])))
