@@ -46,6 +46,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import IO, TextIO
 
 from tfcompress.launch import netns
+from tfcompress.launch.watchdog import group_has_live_members, signal_group
 
 __all__ = [
     "DEFAULT_EXIT_GRACE",
@@ -549,13 +550,13 @@ def _stop_process_groups(processes: Sequence[subprocess.Popen], grace_period: fl
     signal cannot reach an unrelated process.
     """
     for process in processes:
-        _signal_group(process.pid, signal.SIGTERM)
+        signal_group(process.pid, signal.SIGTERM)
     deadline = time.monotonic() + grace_period
     for process in processes:
         with contextlib.suppress(subprocess.TimeoutExpired):
             process.wait(max(0.0, deadline - time.monotonic()))
     for process in processes:
-        _signal_group(process.pid, signal.SIGKILL)
+        signal_group(process.pid, signal.SIGKILL)
     for process in processes:
         process.wait()
     # SIGKILL is delivered asynchronously, and the workers' children are not ours to
@@ -563,44 +564,9 @@ def _stop_process_groups(processes: Sequence[subprocess.Popen], grace_period: fl
     deadline = time.monotonic() + _GROUP_EXIT_TIMEOUT
     pgids = [process.pid for process in processes]
     while pgids and time.monotonic() < deadline:
-        pgids = [pgid for pgid in pgids if _group_has_live_members(pgid)]
+        pgids = [pgid for pgid in pgids if group_has_live_members(pgid)]
         if pgids:
             time.sleep(_POLL_INTERVAL / 5)
-
-
-def _signal_group(pgid: int, signum: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signum)
-
-
-def _group_has_live_members(pgid: int) -> bool:
-    """Whether process group ``pgid`` has a member that is not a zombie.
-
-    Orphaned zombies wait for init to reap them, which can take seconds in a
-    container; they are dead already, so they do not count.
-    """
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    proc = "/proc"
-    if not os.path.isdir(proc):
-        return True
-    for name in os.listdir(proc):
-        if not name.isdigit():
-            continue
-        try:
-            with open(os.path.join(proc, name, "stat")) as stat_file:
-                # The command name, in parentheses, may contain spaces.
-                fields = stat_file.read().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        state, group = fields[0], int(fields[2])
-        if group == pgid and state not in ("Z", "X"):
-            return True
-    return False
 
 
 @contextlib.contextmanager

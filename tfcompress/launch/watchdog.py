@@ -25,7 +25,7 @@ import subprocess
 import sys
 import time
 
-__all__ = ["main"]
+__all__ = ["group_has_live_members", "main", "signal_group"]
 
 
 def main(argv: list[str]) -> int:
@@ -66,27 +66,48 @@ def main(argv: list[str]) -> int:
 def _stop(groups: list[int], grace: float) -> None:
     """SIGTERM, then SIGKILL after ``grace`` seconds, to every group that still has members."""
     for pgid in groups:
-        _signal(pgid, signal.SIGTERM)
+        signal_group(pgid, signal.SIGTERM)
     deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and any(_alive(pgid) for pgid in groups):
+    while time.monotonic() < deadline and any(group_has_live_members(pgid) for pgid in groups):
         time.sleep(0.05)
     for pgid in groups:
-        _signal(pgid, signal.SIGKILL)
+        signal_group(pgid, signal.SIGKILL)
 
 
-def _signal(pgid: int, signum: int) -> None:
+def signal_group(pgid: int, signum: int) -> None:
+    """Sends ``signum`` to process group ``pgid``; a group that is gone is not an error."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signum)
 
 
-def _alive(pgid: int) -> bool:
+def group_has_live_members(pgid: int) -> bool:
+    """Whether process group ``pgid`` has a member that is not a zombie.
+
+    Orphaned zombies wait for init to reap them, which can take seconds in a
+    container; they are dead already, so they do not count.
+    """
     try:
         os.killpg(pgid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    proc = "/proc"
+    if not os.path.isdir(proc):
+        return True
+    for name in os.listdir(proc):
+        if not name.isdigit():
+            continue
+        try:
+            with open(os.path.join(proc, name, "stat")) as stat_file:
+                # The command name, in parentheses, may contain spaces.
+                fields = stat_file.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        state, group = fields[0], int(fields[2])
+        if group == pgid and state not in ("Z", "X"):
+            return True
+    return False
 
 
 if __name__ == "__main__":
