@@ -189,7 +189,7 @@ def test_workers_with_different_aggregation_modes_fail_at_creation(tmp_path):
     )
     assert result.returncode == 0, result.format_logs()
     for index, mode in enumerate(("two_stage", "allgather")):
-        message = (tmp_path / f"worker{index}.txt").read_text()
+        message = (tmp_path / f"worker{index}-create.txt").read_text()
         assert "compression settings differ across workers" in message, message
         assert f"mode='{mode}'" in message, message
         assert "aggregation" in message

@@ -18,6 +18,8 @@ def test_plan_maps_positions_to_phases():
         PhasePlan(switch, {0: "terngrad"})
     with pytest.raises(ValueError, match="out of range"):
         PhasePlan(switch, {0: 3})
+    # What the callback compares across workers.
+    assert plan.get_config() == {"starts": [2, 5, 9], "phases": [0, 2, 1]}
 
 
 @pytest.mark.parametrize(

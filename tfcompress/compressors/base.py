@@ -177,6 +177,18 @@ class Schedule:
     stay batched. ``branch_index`` must return the same value on every replica
     of every worker (a counter advanced identically, or a value the user sets
     identically), otherwise the workers would run different collectives.
+
+    No collective checks the branch at run time (it would cost one per
+    aggregation); the phases stay in step by construction instead. A counter
+    (GradiVeQ's, PowerSGD's) is advanced once per aggregation, and an
+    aggregation is a collective that every worker joins, so every worker
+    counts the same aggregations; the thresholds it is compared with
+    (``warmup_steps``, ``start_step``, ...) are compressor options, which the
+    strategy compares across workers (``tfcompress.distribute.settings``);
+    decisions that read data (GradiVeQ's early refresh) read the aggregated,
+    identical sums. A checkpoint restores every worker's counters from the
+    same saved step. Only a phase set by hand (``Switch.set_phase``) relies
+    on the caller.
     """
 
     #: Number of branches (static).

@@ -115,7 +115,17 @@ class Switch(Compressor):
         return self._schedule.phase_variable
 
     def set_phase(self, phase: int) -> None:
-        """Makes ``phases[phase]`` aggregate the following steps (eager, between steps)."""
+        """Makes ``phases[phase]`` aggregate the following steps (eager, between steps).
+
+        Every worker must set the same phase before the same step: the phase
+        chooses the collectives, and a worker in another phase would wait
+        for collectives the others never run, or decode their payloads
+        wrongly. Nothing compares the phase across workers at this call
+        (it would make every call a collective); derive it from what every
+        worker shares, as :class:`tfcompress.keras.callbacks.CompressionSchedule`
+        does from the epoch or the optimizer's iteration count, with a plan
+        it compares across workers once.
+        """
         if not 0 <= int(phase) < self.num_phases:
             raise ValueError(f"phase {phase} is out of range [0, {self.num_phases})")
         self.phase_variable.assign(int(phase))

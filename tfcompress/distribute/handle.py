@@ -18,8 +18,6 @@ strategy after construction.
 
 from __future__ import annotations
 
-import hashlib
-
 import tensorflow as tf
 
 from tfcompress import _internal as internal
@@ -32,7 +30,6 @@ from tfcompress.distribute.policy import CompressionPolicy
 __all__ = [
     "CompressionHandle",
     "first_global_replica",
-    "settings_digest",
     "settings_text",
 ]
 
@@ -42,21 +39,17 @@ def settings_text(
     policy: CompressionPolicy,
     aggregation: Aggregation | None = None,
 ) -> str:
-    """Text that identifies compression settings (checked across workers and checkpoints)."""
+    """Text that identifies compression settings (stored with checkpoints, shown in errors).
+
+    The cross-worker check compares a finer form, option by option, that also
+    holds the tfcompress version (:mod:`tfcompress.distribute.settings`);
+    checkpoints keep this text, without the version, so that a newer
+    tfcompress restores them.
+    """
     text = f"compression={compressor!r}, policy={policy!r}"
     if aggregation is not None and aggregation != Aggregation():
         text += f", aggregation={aggregation!r}"
     return text
-
-
-def settings_digest(
-    compressor: Compressor | None,
-    policy: CompressionPolicy,
-    aggregation: Aggregation | None = None,
-) -> int:
-    """A 56-bit digest of :func:`settings_text` (int64-safe, for a collective gather)."""
-    text = settings_text(compressor, policy, aggregation)
-    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:7], "little")
 
 
 def first_global_replica(devices) -> int:

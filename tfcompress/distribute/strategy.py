@@ -11,7 +11,7 @@ Strategies never patch Keras: Keras 3's multi-worker fit fix comes with
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import tensorflow as tf
 
@@ -24,8 +24,13 @@ from tfcompress.distribute.cross_device_ops import (
     CompressingCollectiveAllReduce,
     fresh_collective_keys,
 )
-from tfcompress.distribute.handle import CompressionHandle, settings_digest
+from tfcompress.distribute.handle import CompressionHandle
 from tfcompress.distribute.policy import CompressionPolicy
+from tfcompress.distribute.settings import (
+    check_same_settings,
+    settings_items,
+    worker_settings_text,
+)
 
 _log = logging.getLogger(__name__)
 
@@ -33,6 +38,7 @@ __all__ = [
     "MirroredStrategy",
     "MultiWorkerMirroredStrategy",
     "aggregation_timeline",
+    "check_settings",
     "compression_metrics",
     "compression_of",
     "compression_state",
@@ -149,7 +155,14 @@ def _install(strategy, compressor, policy, aggregation: Aggregation) -> None:
         strategy,
         CompressingCollectiveAllReduce(handle=handle, **internal.collective_init_args(plain)),
     )
-    _check_same_settings_on_every_worker(strategy, handle)
+    _check_settings(
+        strategy,
+        handle.compressor,
+        handle.policy,
+        handle.aggregation,
+        hint="Start every worker with the same tfcompress version, compressor, policy and "
+        "aggregation",
+    )
     _say_when_two_stage_does_not_apply(handle)
     _point_keras3_users_to_the_fix(strategy)
 
@@ -202,40 +215,84 @@ def set_compression(
     ``model.make_train_function(force=True)``. Per-tensor state of the old
     compressor is dropped.
 
+    On a multi-worker strategy this is a collective: every worker must call
+    it, eagerly, between the same two steps (a worker that does not leaves
+    the others waiting for it). The new settings are compared across workers
+    first (:mod:`tfcompress.distribute.settings`); when they differ, every
+    worker raises ``ValueError`` naming the first differing options with
+    both values, and keeps its previous settings.
+
     Args:
       strategy: a strategy made by a tfcompress factory.
       compression: the new compressor, a registry name, or ``None`` (exact).
       aggregation: a new aggregation mode or :class:`Aggregation`; ``None``
         keeps the current one.
       **options: options for a compressor given by name.
+
+    Raises:
+      ValueError: an invalid compressor or aggregation, or settings that
+        differ across workers.
+      RuntimeError: called inside a ``tf.function`` on a multi-worker strategy.
     """
     handle = _handle(strategy)
-    handle.set_compressor(
-        registry.get(compression, **options),
-        None if aggregation is None else Aggregation.of(aggregation),
+    compressor = registry.get(compression, **options)
+    aggregation = handle.aggregation if aggregation is None else Aggregation.of(aggregation)
+    _check_settings(
+        strategy,
+        compressor,
+        handle.policy,
+        aggregation,
+        hint="set_compression must be given the same compressor and aggregation on every worker",
     )
+    handle.set_compressor(compressor, aggregation)
     _say_when_two_stage_does_not_apply(handle)
 
 
-def _check_same_settings_on_every_worker(strategy, handle: CompressionHandle) -> None:
-    """Raises when the workers were started with different compression settings.
+def check_settings(strategy, extra: Mapping[str, object] | None = None) -> None:
+    """Compares the strategy's compression settings, and ``extra``, across workers.
+
+    The factories and :func:`set_compression` run this check themselves;
+    call it for settings of your own that must agree as well (a schedule's
+    plan, as :class:`tfcompress.keras.callbacks.CompressionSchedule` does). A
+    collective: on a multi-worker strategy every worker must call it,
+    eagerly, at the same point of its program. Nothing to do on one worker.
+
+    Args:
+      strategy: a strategy made by a tfcompress factory.
+      extra: more options by name; values may be nested like a
+        ``get_config()`` (dicts, lists, objects with ``get_config``).
+
+    Raises:
+      ValueError: the settings differ; every worker raises, and the message
+        names the first differing options with their values on two workers.
+      RuntimeError: called inside a ``tf.function`` on a multi-worker strategy.
+    """
+    handle = _handle(strategy)
+    _check_settings(
+        strategy,
+        handle.compressor,
+        handle.policy,
+        handle.aggregation,
+        extra,
+        hint="Give every worker the same settings",
+    )
+
+
+def _check_settings(strategy, compressor, policy, aggregation, extra=None, hint="") -> None:
+    """Raises on every worker when the workers' settings (and ``extra``) differ.
 
     Workers that disagree would send payloads the others cannot decode (or
-    silently mis-decode), so the settings' digests are gathered once, at
-    creation, through the strategy's own collectives.
+    silently mis-decode), or run other collectives and wait for each other
+    for ever; the settings are compared option by option through the
+    strategy's own collectives
+    (:func:`~tfcompress.distribute.settings.check_same_settings`).
     """
-    if internal.num_workers(strategy) <= 1:
-        return
-    digest = settings_digest(handle.compressor, handle.policy, handle.aggregation)
-    local = strategy.run(lambda: tf.constant([digest], tf.int64))
-    digests = [int(d) for d in strategy.gather(local, axis=0).numpy()]
-    different = [i for i, d in enumerate(digests) if d != digests[0]]
-    if different:
-        raise ValueError(
-            f"compression settings differ across workers: replicas {different} do not use the "
-            f"settings of replica 0; this worker uses {handle.settings}. "
-            "Start every worker with the same compressor, policy and aggregation."
-        )
+    check_same_settings(
+        strategy,
+        settings_items(compressor, policy, aggregation, extra),
+        this_worker_uses=worker_settings_text(compressor, policy, aggregation),
+        hint=hint,
+    )
 
 
 def handle_of(strategy) -> CompressionHandle | None:

@@ -22,7 +22,10 @@ class PhasePlan:
     """Which phase of a :class:`~tfcompress.compressors.Switch` runs at each epoch or step.
 
     Plain logic without Keras: :class:`CompressionSchedule` is a thin
-    callback over it.
+    callback over it. The phase of a position depends on the plan and the
+    position only, so workers with equal plans (the callback compares them
+    across workers) and a shared position (the epoch, or the optimizer's
+    iteration count, a mirrored variable) take the same phase at the same step.
 
     Args:
       switch: the strategy's switch.
@@ -42,6 +45,10 @@ class PhasePlan:
         """The phase that runs at epoch or step ``position``."""
         i = bisect.bisect_right(self._starts, position) - 1
         return self.switch.initial_phase if i < 0 else self._phases[i]
+
+    def get_config(self) -> dict:
+        """The plan: first positions and their phases (what must agree on every worker)."""
+        return {"starts": list(self._starts), "phases": list(self._phases)}
 
 
 def _phase_index(switch: Switch, value) -> int:
@@ -98,8 +105,15 @@ class CompressionSchedule(internal.TfKerasCallbackHooks, keras.callbacks.Callbac
       warning). Prefer building the strategy with the ``Switch`` when a run
       is resumed from checkpoints.
 
-    Every worker runs the same callback, so all take the same phase at the
-    same step (a requirement: the phase chooses the collectives).
+    Every worker must take the same phase at the same step (the phase
+    chooses the collectives). The phase is never negotiated per step: it is
+    a function of the plan and of the epoch or the optimizer's iteration
+    count, which every worker shares; and the plan (unit, first positions,
+    phases, and the Switch through :func:`~tfcompress.distribute.set_compression`)
+    is compared across workers when the callback is attached to the model, a
+    difference stopping every worker with an error that names it. Attaching
+    the callback is therefore a collective: every worker attaches it (as
+    ``fit`` does on every worker).
 
     Args:
       schedule: first epoch (``unit="epoch"``) or first global step
@@ -177,6 +191,9 @@ class CompressionSchedule(internal.TfKerasCallbackHooks, keras.callbacks.Callbac
             schedule.setdefault(0, None)
             schedule.setdefault(self.warmup, compressor.num_phases - 1)
         self.plan = PhasePlan(compressor, schedule)
+        plan = {"schedule.unit": self.unit}
+        plan.update({f"schedule.{k}": v for k, v in self.plan.get_config().items()})
+        distribute.check_settings(strategy, extra=plan)
         track_compression_state(model, strategy)
 
     def _apply(self, position: int) -> None:
