@@ -174,7 +174,14 @@ def test_private_names_still_exist():
 def test_keras_private_names_still_exist():
     keras = pytest.importorskip("keras")
     functions = internal.keras3_fit_functions(original=True)
-    assert set(functions) == {"TensorFlowTrainer._maybe_symbolic_build", "reduce_per_replica"}
+    assert set(functions) == {
+        "TensorFlowTrainer._maybe_symbolic_build",
+        "reduce_per_replica",
+        "LossScaleOptimizer._tf_apply",
+    }
+    optimizer = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD())
+    assert all(callable(f) for f in internal.keras3_loss_scale_branches(optimizer))
+    assert isinstance(internal.strategy_supports_no_merge_call(), bool)
     model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
     assert "_distribute_strategy" in vars(model)  # None outside a strategy scope
     assert callable(model._symbolic_build)

@@ -53,6 +53,7 @@ __all__ = [
     "is_indexed_slices",
     "keras3_fit_functions",
     "keras3_fit_functions_replaced",
+    "keras3_loss_scale_branches",
     "keras3_map_structure",
     "keras3_model_strategy",
     "keras3_symbolic_build",
@@ -67,6 +68,7 @@ __all__ = [
     "replace_cross_device_ops",
     "replace_keras3_fit_functions",
     "scalar_summary_metadata",
+    "strategy_supports_no_merge_call",
     "worker_local_variable",
 ]
 
@@ -389,11 +391,17 @@ class TfKerasCallbackHooks:
 
 
 # Keras 3's multi-worker fit (keras-team/keras#20585) calls two functions of its
-# TensorFlow trainer that tfcompress replaces (tfcompress.keras._keras3_multiworker
-# holds the fix and pins their source). They are module-level names of
-# keras.src.backend.tensorflow.trainer; Keras is imported here only when asked.
+# TensorFlow trainer that tfcompress replaces, and its LossScaleOptimizer decides
+# whether to skip a step from this worker's gradients alone (so workers can
+# disagree about running the step's all-reduce: a hang). tfcompress replaces
+# the three (tfcompress.keras._keras3_multiworker holds the fixes and pins their
+# source). Keras is imported here only when asked.
 
-_KERAS3_FIT_FUNCTIONS = ("TensorFlowTrainer._maybe_symbolic_build", "reduce_per_replica")
+_KERAS3_FIT_FUNCTIONS = (
+    "TensorFlowTrainer._maybe_symbolic_build",
+    "reduce_per_replica",
+    "LossScaleOptimizer._tf_apply",
+)
 
 
 def _keras3_trainer():
@@ -402,8 +410,14 @@ def _keras3_trainer():
     return trainer
 
 
+def _keras3_loss_scale_optimizer():
+    from keras.src.optimizers import loss_scale_optimizer  # noqa: PLC0415 - Keras 3 only
+
+    return loss_scale_optimizer.LossScaleOptimizer
+
+
 def keras3_fit_functions(original: bool = True) -> dict[str, Callable]:
-    """The Keras 3 trainer functions the multi-worker fix replaces, by name.
+    """The Keras 3 functions the multi-worker fix replaces, by name.
 
     Args:
       original: the upstream functions even when replaced (else what runs now).
@@ -415,6 +429,7 @@ def keras3_fit_functions(original: bool = True) -> dict[str, Callable]:
     current = {
         "TensorFlowTrainer._maybe_symbolic_build": trainer.TensorFlowTrainer._maybe_symbolic_build,
         "reduce_per_replica": trainer.reduce_per_replica,
+        "LossScaleOptimizer._tf_apply": _keras3_loss_scale_optimizer()._tf_apply,
     }
     if not original:
         return current
@@ -453,6 +468,9 @@ def replace_keras3_fit_functions(replacements: dict[str, Callable]) -> None:
     reduce = replacements.get("reduce_per_replica")
     if reduce is not None:
         trainer.reduce_per_replica = reduce
+    apply = replacements.get("LossScaleOptimizer._tf_apply")
+    if apply is not None:
+        _keras3_loss_scale_optimizer()._tf_apply = apply
 
 
 def keras3_model_strategy(model) -> tf.distribute.Strategy | None:
@@ -463,6 +481,29 @@ def keras3_model_strategy(model) -> tf.distribute.Strategy | None:
 def keras3_symbolic_build(model, data_batch) -> None:
     """Builds a Keras 3 model's shapes from one batch (the trainer's private step)."""
     model._symbolic_build(data_batch=data_batch)  # pylint: disable=protected-access
+
+
+def keras3_loss_scale_branches(optimizer) -> tuple[Callable, Callable]:
+    """The two private step handlers of a Keras 3 ``LossScaleOptimizer``.
+
+    Returns:
+      ``(apply, skip)``: ``apply(grads, trainable_variables)`` unscales and
+      applies the gradients and grows the scale; ``skip()`` halves the scale.
+      The fix of its ``_tf_apply`` chooses between them with a flag that
+      every worker agrees on.
+    """
+    return (
+        optimizer._stateful_handle_finite_grads,  # pylint: disable=protected-access
+        optimizer._stateful_handle_non_finite_grads,  # pylint: disable=protected-access
+    )
+
+
+def strategy_supports_no_merge_call() -> bool:
+    """Whether the current strategy runs without ``merge_call`` (GPU with XLA).
+
+    TensorFlow's interim API, the one Keras' optimizers ask; no public equivalent.
+    """
+    return tf.__internal__.distribute.strategy_supports_no_merge_call()
 
 
 def keras3_map_structure(fn: Callable, structure):

@@ -44,11 +44,13 @@ def test_install_is_idempotent_and_delegates_for_other_strategies():
 
 def test_mismatched_source_is_not_patched(monkeypatch):
     from keras.src.backend.tensorflow import trainer
+    from keras.src.optimizers.loss_scale_optimizer import LossScaleOptimizer
 
     # Back to Keras' own functions (importing tfcompress.keras installed the fix).
     for owner, name in (
         (trainer.TensorFlowTrainer, "_maybe_symbolic_build"),
         (trainer, "reduce_per_replica"),
+        (LossScaleOptimizer, "_tf_apply"),
     ):
         current = getattr(owner, name)
         monkeypatch.setattr(owner, name, getattr(current, "__tfcompress_original__", current))

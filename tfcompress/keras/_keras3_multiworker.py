@@ -11,6 +11,15 @@ the Keras versions listed in ``PATCHED_SOURCES``:
 2. ``reduce_per_replica(..., "mean")`` reduces every log value with
    ``strategy.reduce("MEAN", v, axis=0)``; losses and metric results are
    scalars, which have no axis 0. The fix reduces scalars with ``axis=None``.
+3. ``LossScaleOptimizer`` (mixed precision) decides whether to skip a step
+   from this worker's own gradients, before they are all-reduced, and the
+   all-reduce runs only in the branch that applies the step. A worker whose
+   gradients overflow skips the collective that the others run: every worker
+   hangs (found by tests/keras/test_mixed_precision.py: 2 workers, an initial
+   loss scale of 2**32, the workers' data overflow at different scales). The
+   fix sums the workers' "not finite" flags exactly (one scalar all-reduce)
+   before the branch, so all workers skip the same steps, as tf-keras'
+   LossScaleOptimizer does by checking the aggregated gradients.
 
 The fix is installed when ``tfcompress.keras`` is imported (by this module,
 below; ``import tfcompress`` followed by ``tfcompress.distribute`` imports it
@@ -46,6 +55,9 @@ PATCHED_SOURCES = {
     },
     "reduce_per_replica": {
         "3.15.1": "2e7d54b1e6edc29a8c6a7e6b66cd4c8be3ba7842412c93753ac3afe169fa7fb8",
+    },
+    "LossScaleOptimizer._tf_apply": {
+        "3.15.1": "e702c4db1a0622e3b4da2f76d6cca4660f63c145e272d7510d96d674cf944814",
     },
 }
 
@@ -111,6 +123,7 @@ def install(all_strategies: bool = False) -> bool:
 
     original_build = originals["TensorFlowTrainer._maybe_symbolic_build"]
     original_reduce = originals["reduce_per_replica"]
+    original_apply = originals["LossScaleOptimizer._tf_apply"]
 
     def _maybe_symbolic_build(self, iterator=None, data_batch=None):
         strategy = internal.keras3_model_strategy(self)
@@ -142,10 +155,40 @@ def install(all_strategies: bool = False) -> bool:
 
         return internal.keras3_map_structure(_reduce, values)
 
+    def _tf_apply(self, grads, trainable_variables=None):
+        strategy = tf.distribute.get_strategy()
+        if tf.distribute.in_cross_replica_context() or not _is_fixed_multiworker(strategy):
+            return original_apply(self, grads, trainable_variables)
+        # The number of replicas, on every worker, whose gradients are not
+        # finite: an exact sum (a scalar is never compressed), so that every
+        # worker takes the same branch below.
+        context = tf.distribute.get_replica_context()
+        local = tf.cast(tf.logical_not(self.check_finite(grads)), tf.float32)
+        finite = tf.equal(context.all_reduce(tf.distribute.ReduceOp.SUM, local), 0.0)
+        apply, skip = internal.keras3_loss_scale_branches(self)
+
+        def handle_cross_replica(distribution, finite, grads, trainable_variables):
+            finite = distribution.experimental_local_results(finite)[0]
+
+            def apply_fn():
+                distribution.extended.call_for_each_replica(
+                    apply, args=(grads, trainable_variables)
+                )
+
+            # In a cross-replica context, as upstream: the applying branch
+            # calls merge_call, which a replica-context cond cannot hold.
+            tf.cond(finite, apply_fn, skip)
+
+        if internal.strategy_supports_no_merge_call():
+            tf.cond(finite, lambda: apply(grads, trainable_variables), skip)
+        else:
+            context.merge_call(handle_cross_replica, args=(finite, grads, trainable_variables))
+
     internal.replace_keras3_fit_functions(
         {
             "TensorFlowTrainer._maybe_symbolic_build": _maybe_symbolic_build,
             "reduce_per_replica": reduce_per_replica,
+            "LossScaleOptimizer._tf_apply": _tf_apply,
         }
     )
     _log.info("tfcompress: Keras %s multi-worker fit fix installed", version)
