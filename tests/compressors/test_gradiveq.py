@@ -343,6 +343,22 @@ def test_degenerate_samples_keep_the_layer_exact(bad, capfd):
     np.testing.assert_allclose(decoded[0], xs[0] + xs[1], rtol=1e-6, atol=1e-6)
 
 
+def test_huge_finite_samples_fit_a_basis_without_failing():
+    """Samples whose squares overflow float32 (1e30) still fit: the Gram is float64."""
+    shape = (3, 3, 4, 4)
+    c = GradiVeQ(warmup_steps=0, sampling_steps=3, compressed_steps=2, sampling="exact")
+    workers = Workers(c, shape, 2)
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        workers.step([(rng.normal(size=shape) * 1e30).astype(np.float32) for _ in range(2)])
+    layer = workers.layers[0]
+    assert int(layer.valid) == 1 and int(layer.components) > 0
+    assert np.all(np.isfinite(layer.basis.numpy()))
+    xs = [(rng.normal(size=shape) * 1e30).astype(np.float32) for _ in range(2)]
+    j, decoded, _ = workers.step(xs)
+    assert j == 1 and np.all(np.isfinite(decoded[0]))
+
+
 @pytest.mark.parametrize("sampling", ["exact", "qsgd"])
 def test_workers_that_fit_different_bases_fall_back_to_exact_for_the_block(sampling, capfd):
     """One worker's samples perturbed: the handshake catches it, the sums stay exact."""

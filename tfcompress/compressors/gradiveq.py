@@ -936,14 +936,22 @@ class GradiVeQLayer(Compressor):
                     tf.concat(
                         [
                             tf.transpose(cross),
-                            tf.cast(tf.matmul(new, new, transpose_b=True), tf.float64),
+                            # In float64: rows of huge but finite gradients
+                            # would overflow a float32 product.
+                            tf.matmul(
+                                tf.cast(new, tf.float64), tf.cast(new, tf.float64), transpose_b=True
+                            ),
                         ],
                         axis=1,
                     ),
                 ],
                 axis=0,
             )
-            values, vectors = tf.linalg.eigh(gram)
+            # Rows beyond float64's range: skipped as non-finite rows are
+            # (eigh would fail on an Inf), never a failed step.
+            gram_finite = tf.reduce_all(tf.math.is_finite(gram))
+            finite = tf.logical_and(finite, gram_finite)
+            values, vectors = tf.linalg.eigh(tf.where(gram_finite, gram, tf.zeros_like(gram)))
             values, vectors = values[::-1][:width], vectors[:, ::-1][:, :width]
             # Row i of W^T A has norm sigma_i: scale W's columns by 1 / sigma_i
             # (0 for dropped directions) so that one pass writes unit rows.
@@ -955,7 +963,10 @@ class GradiVeQLayer(Compressor):
         else:
             old = tf.cast(basis, tf.float64) * singular[:, None]
             stack = tf.concat([old, tf.cast(new, tf.float64)], axis=0)
-            values, vectors = tf.linalg.eigh(tf.matmul(stack, stack, transpose_a=True))
+            gram = tf.matmul(stack, stack, transpose_a=True)
+            gram_finite = tf.reduce_all(tf.math.is_finite(gram))
+            finite = tf.logical_and(finite, gram_finite)
+            values, vectors = tf.linalg.eigh(tf.where(gram_finite, gram, tf.zeros_like(gram)))
             values, vectors = values[::-1][:width], vectors[:, ::-1][:, :width]
             values, scale = _kept(values, floor=1e-6)
             directions = tf.cast(tf.transpose(vectors * tf.sign(scale)[None, :]), cdt)
