@@ -169,6 +169,8 @@ def test_private_names_still_exist():
     assert hasattr(tf.__internal__.tracking.Trackable, "_gather_saveables_for_checkpoint")
     assert hasattr(tf.__internal__.tracking.Trackable, "_trackable_children")
     assert internal.scalar_summary_metadata().plugin_data.plugin_name == "scalars"
+    context = internal.context.context()
+    assert callable(context.report_error_to_cluster) and hasattr(context, "coordination_service")
 
 
 def test_keras_private_names_still_exist():

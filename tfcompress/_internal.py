@@ -29,6 +29,10 @@ from tensorflow.python.distribute import (
     reduce_util,
 )
 
+# context: the coordination service's error reporting has no public entry point
+# (report_error_to_cluster).
+from tensorflow.python.eager import context
+
 # collective_ops: CollectiveAllToAllV2 has no public Python entry point (launcher_all_to_all).
 from tensorflow.python.ops import collective_ops, resource_variable_ops
 from tensorflow.python.saved_model import save_context
@@ -67,6 +71,7 @@ __all__ = [
     "options_of",
     "replace_cross_device_ops",
     "replace_keras3_fit_functions",
+    "report_error_to_cluster",
     "scalar_summary_metadata",
     "strategy_supports_no_merge_call",
     "worker_local_variable",
@@ -158,6 +163,25 @@ def in_multi_worker_mode(strategy: tf.distribute.Strategy) -> bool:
     """
     check = getattr(strategy.extended, "_in_multi_worker_mode", None)
     return bool(check()) if check is not None else False
+
+
+def report_error_to_cluster(code: int, message: str) -> bool:
+    """Sends an error to every worker through the coordination service (private API).
+
+    The coordination service that ``MultiWorkerMirroredStrategy`` starts
+    propagates the errors it finds itself (missed heartbeats) to every worker,
+    whose collectives then abort. An error that one worker alone sees (the
+    connection to a peer broke) aborts that worker's collectives only, and
+    TensorFlow has no public call to pass it on.
+
+    Returns:
+      False when this process runs no coordination service agent.
+    """
+    ctx = context.context()
+    if ctx.coordination_service is None:
+        return False
+    ctx.report_error_to_cluster(code, message)
+    return True
 
 
 def new_collective_keys(group_key_start: int):

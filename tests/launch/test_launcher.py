@@ -452,3 +452,62 @@ def test_normal_end_tells_the_watchdog_to_touch_nothing():
     assert result.returncode == 0 and result.error is None
     with pytest.raises(ValueError, match="exit_grace"):
         launch(["true"], 1, exit_grace=-1)
+
+
+def test_failure_grace_lets_the_others_fail_by_themselves():
+    worker = python_worker(
+        """
+        import os, sys, time
+        index = int(os.environ["TFCOMPRESS_WORKER_INDEX"])
+        if index == 0:
+            sys.exit(3)
+        time.sleep(0.5 * index)  # noticing the lost peer takes them a while
+        sys.exit(1)
+        """
+    )
+    result = launch(worker, 3, timeout=60, failure_grace=30, stream=None)
+    assert result.returncode == 3 and result.failed_worker == 0
+    assert result.worker_returncodes == [3, 1, 1] and result.stopped_workers == []
+    first, second, third = result.worker_exit_times
+    assert first <= second <= third < first + 15
+    assert result.error == "worker 0 exited with code 3; stopped workers: []"
+    assert_no_workers_left(result)
+
+
+def test_failure_grace_does_not_wait_for_a_stopped_worker():
+    worker = python_worker(
+        """
+        import os, signal, sys, time
+        if os.environ["TFCOMPRESS_WORKER_INDEX"] == "0":
+            time.sleep(0.5)
+            sys.exit(1)
+        os.kill(os.getpid(), signal.SIGSTOP)  # hangs: alive, never exits by itself
+        """
+    )
+    started = time.monotonic()
+    result = launch(worker, 2, timeout=60, failure_grace=50, grace_period=0.5, stream=None)
+    assert time.monotonic() - started < 15, result.format_logs()
+    assert result.worker_returncodes == [1, None] and result.stopped_workers == [1]
+    assert result.worker_exit_times[1] is None
+    assert_no_workers_left(result)
+
+
+def test_failure_grace_ends():
+    worker = python_worker(
+        """
+        import os, sys, time
+        if os.environ["TFCOMPRESS_WORKER_INDEX"] == "0":
+            sys.exit(1)
+        time.sleep(60)
+        """
+    )
+    started = time.monotonic()
+    result = launch(worker, 2, failure_grace=1.0, grace_period=0.5, stream=None)
+    assert 1.0 <= time.monotonic() - started < 15
+    assert result.worker_returncodes == [1, None] and not result.timed_out
+    assert_no_workers_left(result)
+    with pytest.raises(ValueError, match="failure_grace"):
+        launch(["true"], 1, failure_grace=-1)
+    completed = run_module_cli("-n", "2", "--failure-grace", "1", "--", *worker)
+    assert completed.returncode == 1
+    assert "worker 0 exited with code 1; stopped workers: [1]" in completed.stderr

@@ -1,7 +1,9 @@
 """One worker of a preempted-and-resumed ``model.fit`` run, started by the tests' harness.
 
 Usage: preempt_worker.py --compression {ef_topk,diana_qsgd} --backup-dir DIR --out DIR
-                         [--save-freq {epoch,N}] [--kill-at-step S] [--no-track-state]
+                         [--save-freq {epoch,N}] [--kill-at-step S] [--kill-task T]
+                         [--kill-signal {SIGKILL,SIGSTOP}] [--no-track-state]
+                         [--step-digests] [--epochs E] [--train-size N] [--batch-size B]
 
 Trains a small dense classifier on a Fashion-MNIST subset under
 ``tfcompress.distribute.MultiWorkerMirroredStrategy(compression=...)`` with
@@ -9,9 +11,12 @@ Trains a small dense classifier on a Fashion-MNIST subset under
 ``--no-track-state``) ``track_compression_state(model)``. The data is not
 shuffled.
 
-``--kill-at-step S``: worker 1 SIGKILLs itself right after global step S, on
-the first attempt only: it writes ``<out>/killed-worker1`` just before the
-kill, and a later attempt that finds the file trains on.
+``--kill-at-step S``: worker 1 (or ``--kill-task T``) SIGKILLs itself right
+after global step S, on the first attempt only: it writes
+``<out>/killed-worker<T>`` (what, and when as ``time.time()``) just before the
+kill, and a later attempt that finds the file trains on. ``--kill-signal
+SIGSTOP`` makes it hang instead: alive, its sockets open, never answering,
+until someone kills it.
 
 ``--save-freq epoch`` (default): backups at epoch ends; ``fit`` gets the
 epoch's dataset and makes a new iterator per epoch, so a resumed run replays
@@ -23,18 +28,27 @@ batch, feeding the wrong batches. So ``fit`` gets one stream of all epochs'
 batches (``steps_per_epoch`` set, one iterator for the whole run) from which a
 resumed run skips the steps the chief's backup has already trained.
 
-Prints ``worker <i>: fit starts at epoch <e>, <n> steps done`` when fit begins
-and writes ``<out>/worker<i>.npz``: the final weights (``arr_0``, ...), and
-``state_<k>``, the values of ``compression_state(strategy).variables`` in order
-(``state_names`` holds their variable names).
+Prints ``worker <i>: fit starts at epoch <e>, <n> steps done`` when fit begins,
+``worker <i>: <ErrorType> at <time.time()>`` when fit raises (the error then
+propagates), and writes ``<out>/worker<i>.npz``: the final weights (``arr_0``,
+...), ``state_<k>``, the values of ``compression_state(strategy).variables`` in
+order (``state_names`` holds their variable names), and ``steps``, the
+optimizer's step count.
+
+``--step-digests``: after every step, appends ``{"step", "weights", "state"}``
+(sha256 prefixes of the weights and of the compressor state) to
+``<out>/steps-worker<i>.jsonl``, so that the steps a resumed run retrains can be
+compared, bit for bit, with the same steps of the interrupted run.
 """
 
 import argparse
+import hashlib
 import json
 import os
 import pathlib
 import signal
 import sys
+import time
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--compression", choices=["ef_topk", "diana_qsgd"], required=True)
@@ -42,7 +56,10 @@ parser.add_argument("--backup-dir", required=True)
 parser.add_argument("--out", required=True)
 parser.add_argument("--save-freq", default="epoch")
 parser.add_argument("--kill-at-step", type=int, default=-1)
+parser.add_argument("--kill-task", type=int, default=1)
+parser.add_argument("--kill-signal", choices=["SIGKILL", "SIGSTOP"], default="SIGKILL")
 parser.add_argument("--no-track-state", action="store_true")
+parser.add_argument("--step-digests", action="store_true")
 parser.add_argument("--epochs", type=int, default=3)
 parser.add_argument("--train-size", type=int, default=1024)
 parser.add_argument("--batch-size", type=int, default=64, help="global batch size")
@@ -113,10 +130,19 @@ if not args.no_track_state:
     tfcompress.keras.track_compression_state(model)
 
 marker = pathlib.Path(args.out) / f"killed-worker{task}"
+digests = pathlib.Path(args.out) / f"steps-worker{task}.jsonl"
+
+
+def digest(arrays) -> str:
+    """A short sha256 of the arrays' bytes."""
+    sha = hashlib.sha256()
+    for array in arrays:
+        sha.update(np.ascontiguousarray(array).tobytes())
+    return sha.hexdigest()[:16]
 
 
 class Preemption(keras.callbacks.Callback):
-    """Reports where fit starts; worker 1 kills itself after step ``--kill-at-step``."""
+    """Reports where fit starts; one worker kills or stops itself after ``--kill-at-step``."""
 
     def __init__(self):
         super().__init__()
@@ -133,29 +159,43 @@ class Preemption(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         step = self._epoch * steps_per_epoch + batch + 1
-        if task == 1 and step == args.kill_at_step and not marker.exists():
-            marker.write_text(f"SIGKILL after global step {step}\n")
-            print(f"worker {task}: SIGKILL after global step {step}", file=sys.stderr, flush=True)
-            os.kill(os.getpid(), signal.SIGKILL)
+        if args.step_digests:
+            record = {
+                "step": step,
+                "weights": digest(model.get_weights()),
+                "state": digest([v.numpy() for v in state.variables]),
+            }
+            with digests.open("a") as stream:
+                stream.write(json.dumps(record) + "\n")
+        if task == args.kill_task and step == args.kill_at_step and not marker.exists():
+            what = f"{args.kill_signal} after global step {step}"
+            marker.write_text(f"{what} at {time.time()!r}\n")
+            print(f"worker {task}: {what}", file=sys.stderr, flush=True)
+            os.kill(os.getpid(), getattr(signal, args.kill_signal))
 
 
-history = model.fit(
-    dataset,
-    epochs=args.epochs,
-    steps_per_epoch=fit_steps,
-    shuffle=False,
-    verbose=2,
-    callbacks=[
-        keras.callbacks.BackupAndRestore(args.backup_dir, save_freq=save_freq),
-        Preemption(),
-    ],
-)
+try:
+    history = model.fit(
+        dataset,
+        epochs=args.epochs,
+        steps_per_epoch=fit_steps,
+        shuffle=False,
+        verbose=2,
+        callbacks=[
+            keras.callbacks.BackupAndRestore(args.backup_dir, save_freq=save_freq),
+            Preemption(),
+        ],
+    )
+except Exception as error:
+    print(f"worker {task}: {type(error).__name__} at {time.time()!r}", file=sys.stderr, flush=True)
+    raise
 
 np.savez(
     os.path.join(args.out, f"worker{task}.npz"),
     *[np.asarray(w) for w in model.get_weights()],
     **{f"state_{k}": v.numpy() for k, v in enumerate(state.variables)},
     state_names=json.dumps([v.name for v in state.variables]),
+    steps=int(model.optimizer.iterations.numpy()),
     history=json.dumps({k: [float(v) for v in vs] for k, vs in history.history.items()}),
 )
 print("worker", task, "done", history.history, file=sys.stderr)

@@ -5,6 +5,7 @@ from tfcompress.distribute.aggregation import Aggregation
 from tfcompress.distribute.checkpointing import CompressionState
 from tfcompress.distribute.cross_device_ops import CompressingCollectiveAllReduce
 from tfcompress.distribute.handle import CompressionHandle
+from tfcompress.distribute.lost_workers import LostWorker, explain_lost_worker, lost_worker
 from tfcompress.distribute.policy import CompressionPolicy
 from tfcompress.distribute.strategy import (
     MirroredStrategy,
@@ -27,6 +28,7 @@ __all__ = [
     "CompressionHandle",
     "CompressionState",
     "CompressionPolicy",
+    "LostWorker",
     "MirroredStrategy",
     "MultiWorkerMirroredStrategy",
     "TrafficCounters",
@@ -35,8 +37,10 @@ __all__ = [
     "compression_metrics",
     "compression_of",
     "compression_state",
+    "explain_lost_worker",
     "handle_of",
     "is_compressed_strategy",
+    "lost_worker",
     "reset_traffic_stats",
     "set_compression",
     "traffic_stats",

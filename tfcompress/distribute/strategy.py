@@ -25,6 +25,7 @@ from tfcompress.distribute.cross_device_ops import (
     fresh_collective_keys,
 )
 from tfcompress.distribute.handle import CompressionHandle
+from tfcompress.distribute.lost_workers import explain_errors_leaving_scope
 from tfcompress.distribute.policy import CompressionPolicy
 from tfcompress.distribute.settings import (
     check_same_settings,
@@ -75,14 +76,19 @@ def MultiWorkerMirroredStrategy(  # noqa: N802 - mirrors tf.distribute's class n
     The returned object *is* TensorFlow's strategy (``isinstance`` holds, and
     ``TF_CONFIG`` or ``cluster_resolver`` describe the cluster as usual); only
     its cross-device ops are replaced by
-    :class:`~tfcompress.distribute.CompressingCollectiveAllReduce`.
+    :class:`~tfcompress.distribute.CompressingCollectiveAllReduce`, and, with
+    several workers, an error that leaves ``strategy.scope()`` because a
+    worker was lost gets a note naming it, and the other workers are told
+    (see :mod:`tfcompress.distribute.lost_workers`).
 
     Args:
       compression: a compressor, a registry name (``"fp16"``), or ``None``
         for exact aggregation (traffic is still counted).
       cluster_resolver: as in TensorFlow.
       communication_options: as in TensorFlow (implementation, timeout,
-        bytes per pack); they apply to the compressed payloads too.
+        bytes per pack); they apply to the compressed payloads too. A
+        ``timeout_seconds`` makes a collective that waits longer (e.g. for a
+        lost worker) raise ``DeadlineExceededError``.
       policy: which tensors are compressed; a ``CompressionPolicy`` or an int
         ``min_size``. Default: dense float tensors with >= 1024 elements.
       aggregation: how payloads are combined: ``"auto"`` (default),
@@ -104,6 +110,8 @@ def MultiWorkerMirroredStrategy(  # noqa: N802 - mirrors tf.distribute's class n
         cluster_resolver=cluster_resolver, communication_options=communication_options
     )
     _install(strategy, compressor, policy, aggregation)
+    if internal.num_workers(strategy) > 1:
+        explain_errors_leaving_scope(strategy)
     return strategy
 
 

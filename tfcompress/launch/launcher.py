@@ -12,9 +12,11 @@ run times out, or the launcher itself is interrupted, every worker's process gro
 sent SIGTERM and, after a grace period, SIGKILL. Nothing waits forever either: when
 one worker exits 0 while others keep running (peers that wait for it would hang in
 their next collective), they get ``exit_grace`` seconds to finish, then are stopped
-with a message; and if the launcher itself is killed, even by SIGKILL, a watchdog
-process (:mod:`tfcompress.launch.watchdog`) stops the workers and deletes the
-namespaces.
+with a message. With ``--failure-grace S``, the others are stopped only S seconds
+after a failure, so that they can notice the lost peer and report it themselves, as
+they would on machines of their own (see "When a worker is lost" in the README).
+If the launcher itself is killed, even by SIGKILL, a watchdog process
+(:mod:`tfcompress.launch.watchdog`) stops the workers and deletes the namespaces.
 
 With ``--bandwidth`` (root only), the workers talk over links of that speed instead of
 unlimited loopback: each runs in a network namespace of its own behind a shaped
@@ -46,7 +48,11 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import IO, TextIO
 
 from tfcompress.launch import netns
-from tfcompress.launch.watchdog import group_has_live_members, signal_group
+from tfcompress.launch.watchdog import (
+    group_has_live_members,
+    group_is_stopped,
+    signal_group,
+)
 
 __all__ = [
     "DEFAULT_EXIT_GRACE",
@@ -123,6 +129,8 @@ class LaunchResult:
             ``exit_grace`` seconds after one had exited 0 (returncode 124).
         first_exited: Index of the first worker that exited 0 while others ran.
         exit_grace: The run's ``exit_grace``, in seconds.
+        worker_exit_times: When the launcher saw each worker exit, as ``time.time()``,
+            or ``None`` for a worker it stopped.
     """
 
     returncode: int
@@ -136,6 +144,7 @@ class LaunchResult:
     exit_grace_expired: bool = False
     first_exited: int | None = None
     exit_grace: float | None = None
+    worker_exit_times: list[float | None] = dataclasses.field(default_factory=list)
 
     @property
     def stopped_workers(self) -> list[int]:
@@ -264,6 +273,7 @@ def launch(
     bandwidth: str | None = None,
     latency_ms: float | None = None,
     exit_grace: float | None = DEFAULT_EXIT_GRACE,
+    failure_grace: float = 0.0,
 ) -> LaunchResult:
     """Runs ``command`` as ``num_workers`` local workers and waits for all of them.
 
@@ -274,8 +284,9 @@ def launch(
     signalling its whole process group, so its children go too.
 
     The run ends when every worker has exited 0, when one exits non-zero (the others
-    are stopped), when ``timeout`` elapses (all are stopped), when workers still run
-    ``exit_grace`` seconds after one exited 0 (they are stopped), or on KeyboardInterrupt
+    are stopped, at once or after ``failure_grace``), when ``timeout`` elapses (all are
+    stopped), when workers still run ``exit_grace`` seconds after one exited 0 (they
+    are stopped), or on KeyboardInterrupt
     or SIGTERM to this process (all are stopped, then the interrupt propagates: SIGTERM
     as ``SystemExit(143)``, and only when SIGTERM had its default handler and this is
     the main thread; SIGHUP likewise, as ``SystemExit(129)``).
@@ -305,6 +316,10 @@ def launch(
         exit_grace: Seconds the other workers may run after one exited 0 (``None``:
             no limit). Multi-worker programs end together; a worker that returns
             early leaves its peers waiting in their next collective.
+        failure_grace: Seconds the other workers may run after one exited non-zero,
+            before they are stopped (default 0: at once): time for TensorFlow in each
+            to notice the lost peer and fail with its own error. Workers that are
+            stopped (SIGSTOP) are not waited for, and ``timeout`` still applies.
 
     Returns:
         The run's :class:`LaunchResult`.
@@ -326,6 +341,8 @@ def launch(
         raise ValueError(f"timeout must be positive, got {timeout}")
     if exit_grace is not None and exit_grace < 0:
         raise ValueError(f"exit_grace must be >= 0, got {exit_grace}")
+    if not failure_grace >= 0:
+        raise ValueError(f"failure_grace must be >= 0, got {failure_grace}")
     network = None
     if bandwidth is not None:
         network = netns.BandwidthLimitedCluster(num_workers, bandwidth, latency_ms)
@@ -353,9 +370,11 @@ def launch(
     processes: list[subprocess.Popen] = []
     readers: list[threading.Thread] = []
     returncodes: list[int | None] = [None] * num_workers
+    exit_times: list[float | None] = [None] * num_workers
     deadline = None if timeout is None else time.monotonic() + timeout
     timed_out = False
     failed_worker = None
+    failure_time = 0.0
     first_exited: int | None = None
     first_exit_time = 0.0
     grace_expired = False
@@ -390,18 +409,27 @@ def launch(
                 reader.start()
                 readers.append(reader)
 
-            while failed_worker is None:
+            while True:
                 for index, process in enumerate(processes):
                     code = process.poll()
                     if code is not None and returncodes[index] is None:
-                        returncodes[index] = code
+                        returncodes[index], exit_times[index] = code, time.time()
                         if code != 0 and failed_worker is None:
-                            failed_worker = index
+                            failed_worker, failure_time = index, time.monotonic()
                         elif code == 0 and first_exited is None:
                             first_exited, first_exit_time = index, time.monotonic()
-                if failed_worker is not None or all(code is not None for code in returncodes):
+                if all(code is not None for code in returncodes):
                     break
                 now = time.monotonic()
+                if failed_worker is not None:
+                    if (
+                        now - failure_time >= failure_grace
+                        or (deadline is not None and now >= deadline)
+                        or _all_stopped(processes, returncodes)
+                    ):
+                        break
+                    time.sleep(_POLL_INTERVAL)
+                    continue
                 if deadline is not None and now >= deadline:
                     timed_out = True
                     break
@@ -440,6 +468,16 @@ def launch(
         exit_grace_expired=grace_expired,
         first_exited=first_exited if grace_expired else None,
         exit_grace=exit_grace,
+        worker_exit_times=exit_times,
+    )
+
+
+def _all_stopped(processes: Sequence[subprocess.Popen], returncodes: Sequence[int | None]) -> bool:
+    """Whether every worker still running is stopped (SIGSTOP): none can exit by itself."""
+    return all(
+        group_is_stopped(process.pid)
+        for process, code in zip(processes, returncodes, strict=True)
+        if code is None
     )
 
 
@@ -689,6 +727,16 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
             f"exited 0 (default: {DEFAULT_EXIT_GRACE:g})"
         ),
     )
+    parser.add_argument(
+        "--failure-grace",
+        type=_non_negative_float,
+        default=0.0,
+        metavar="S",
+        help=(
+            "when a worker fails, let the others run S more seconds to notice the lost "
+            "peer and fail by themselves, before stopping them (default: 0)"
+        ),
+    )
     network = parser.add_argument_group(
         "bandwidth-limited network (root only; needs ip and tc from iproute2)",
         "Each worker runs in a network namespace of its own, linked to a software switch "
@@ -754,6 +802,7 @@ def run_from_args(args: argparse.Namespace) -> int:
             bandwidth=bandwidth,
             latency_ms=latency_ms,
             exit_grace=getattr(args, "exit_grace", DEFAULT_EXIT_GRACE),
+            failure_grace=getattr(args, "failure_grace", 0.0),
         )
     except (ValueError, netns.NetnsError) as error:
         _report(str(error))

@@ -25,7 +25,7 @@ import subprocess
 import sys
 import time
 
-__all__ = ["group_has_live_members", "main", "signal_group"]
+__all__ = ["group_has_live_members", "group_is_stopped", "main", "signal_group"]
 
 
 def main(argv: list[str]) -> int:
@@ -86,15 +86,35 @@ def group_has_live_members(pgid: int) -> bool:
     Orphaned zombies wait for init to reap them, which can take seconds in a
     container; they are dead already, so they do not count.
     """
+    states = _member_states(pgid)
+    return states is None or bool(states)
+
+
+def group_is_stopped(pgid: int) -> bool:
+    """Whether process group ``pgid`` has live members and all of them are stopped.
+
+    A stopped process (SIGSTOP, a debugger's trace stop) cannot finish by itself.
+    Unknown (no ``/proc``) counts as not stopped.
+    """
+    states = _member_states(pgid)
+    return bool(states) and all(state in ("T", "t") for state in states)
+
+
+def _member_states(pgid: int) -> list[str] | None:
+    """The ``/proc`` states of the group's live (not zombie) members; ``None``: unknown.
+
+    ``None`` when the group exists but cannot be read (no ``/proc``, no permission).
+    """
     try:
         os.killpg(pgid, 0)
     except ProcessLookupError:
-        return False
+        return []
     except PermissionError:
-        return True
+        return None
     proc = "/proc"
     if not os.path.isdir(proc):
-        return True
+        return None
+    states = []
     for name in os.listdir(proc):
         if not name.isdigit():
             continue
@@ -106,8 +126,8 @@ def group_has_live_members(pgid: int) -> bool:
             continue
         state, group = fields[0], int(fields[2])
         if group == pgid and state not in ("Z", "X"):
-            return True
-    return False
+            states.append(state)
+    return states
 
 
 if __name__ == "__main__":
