@@ -203,6 +203,78 @@ def test_qsgd_values_reject_float64_beyond_float32_norms():
         V.QSGDValues().encode(tf.constant([1.0, 1e39], tf.float64), SEED)
 
 
+# --- the non-finite rule ---------------------------------------------------------------------
+
+
+def test_the_lossless_codecs_are_raw_and_deflate():
+    """The non-finite rule follows ``lossless``: these two carry NaN and Inf, the rest raise."""
+    assert {name for name, cls in V.VALUE_CODECS.items() if cls.lossless} == {"raw", "deflate"}
+
+
+@settings(max_examples=4, deadline=None)
+@given(
+    n=st.integers(1, 40),
+    position=st.integers(0, 39),
+    bad=st.sampled_from([np.nan, np.inf, -np.inf]),
+    seed=st.integers(0, 2**31),
+)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
+@pytest.mark.parametrize("name", sorted(V.VALUE_CODECS))
+def test_non_finite_values_are_carried_exactly_or_rejected_by_name(
+    name, dtype, n, position, bad, seed
+):
+    codec = V.get_value_codec(name)
+    position = position % n
+    good = _values(n, seed, scale=1.0, dtype=tf.float64).numpy()
+    good[position] = bad
+    values = tf.constant(good, dtype)
+    if codec.lossless:  # bit for bit, the NaN payload included
+        decoded = codec.decode(codec.encode(values, SEED), n, dtype)
+        np.testing.assert_array_equal(_bits(decoded), _bits(values))
+        return
+    with pytest.raises(
+        tf.errors.InvalidArgumentError,
+        match=rf"{name} values: the tensor `values` holds a non-finite value "
+        rf"\((nan|inf|-inf)\) at position {position};.*lossy",
+    ):
+        codec.encode(values, SEED)
+
+
+# One check (ValueCodec._values) serves every lossy codec; the two cheap ones trace it here
+# (the fits' traces take seconds).
+@pytest.mark.parametrize("name", ["fp16", "qsgd"])
+def test_lossy_codecs_name_the_graph_tensor_and_accept_empty_input(name):
+    codec = V.get_value_codec(name)
+    encode = tf.function(
+        lambda t: codec.encode(tf.identity(t, name="gradient"), SEED),
+        input_signature=[tf.TensorSpec([None], tf.float32)],
+    )
+    with pytest.raises(tf.errors.InvalidArgumentError, match="`gradient:0`.*position 1"):
+        encode(tf.constant([1.0, np.nan, np.inf]))
+    # The check's message is computed in the graph even for a valid, empty input.
+    assert codec.decode(encode(tf.zeros([0])), 0).shape == [0]
+
+
+def test_dexpfit_traces_a_static_empty_tensor():
+    encode = tf.function(lambda t: V.DoubleExponentialFit().encode(t))
+    assert int(tf.size(encode(tf.zeros([0])))) == 16  # the four coefficients only
+
+
+@pytest.mark.parametrize("name", ["polyfit", "dexpfit"])
+def test_fits_reject_float64_values_whose_coefficients_overflow_float32(name):
+    codec = V.get_value_codec(name)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="`values`.*float32 range"):
+        codec.encode(tf.constant([1e300, -1e300, 5.0, 1.0, 2.0], tf.float64))
+
+
+def test_polyfit_rejects_more_values_than_int32_segment_starts_hold():
+    """Traced for 2**31 values (never run: 4 GiB of float16); 2**31 - 1 traces."""
+    encode = tf.function(lambda t: V.PolynomialFit().encode(t))
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"`t:0` has 2147483648 values; at"):
+        encode.get_concrete_function(tf.TensorSpec([2**31], tf.float16))
+    assert V.POLYFIT_MAX_VALUES == 2**31 - 1
+
+
 # --- dtypes of the lossy codecs ----------------------------------------------------------------
 
 LOSSY_BOUNDS = {"qsgd": 0.2, "polyfit": 0.05, "dexpfit": 0.25}

@@ -268,10 +268,28 @@ class CompressorConformance:
         else:
             assert run().shape == (4, 3)
 
-    def test_rejects_non_float(self, variant):
+    def test_scalar_and_empty_tensors(self, variant):
+        """A 0-d tensor in every dtype and an empty 2-D one survive the round trip.
+
+        (Empty 1-D tensors are in :data:`SHAPES`.) Variants that do not take a
+        case say so through :meth:`usable`; at least the float32 scalar must run.
+        """
+        cases = [((), dtype) for dtype in DTYPES] + [((2, 0), tf.float32)]
+        ran = [case for case in cases if self.usable(variant, *case)]
+        assert ((), tf.float32) in ran, f"{variant} does not take a float32 scalar"
+        for shape, dtype in ran:
+            self.check_round_trip(variant, shape, dtype)
+
+    @pytest.mark.parametrize("dtype", [tf.int32, tf.int64, tf.bool], ids=lambda d: d.name)
+    def test_rejects_non_float(self, variant, dtype):
+        """Integer gradients never reach a compressor; one that does is named with its dtype."""
         c = self.build(variant, (3,), tf.float32)
-        with pytest.raises(TypeError, match="int32"):
-            c.compress(tf.constant([1, 2, 3]))
+        with pytest.raises(TypeError, match=rf"compresses floating tensors.*dtype {dtype.name}"):
+            c.compress(tf.zeros([3], dtype))
+        if dtype == tf.int32:  # in a graph, the tensor is named too (one trace is enough)
+            traced = tf.function(lambda t: c.compress(tf.identity(t, name="step_count")))
+            with pytest.raises(TypeError, match=r"`step_count:0` of dtype int32"):
+                traced.get_concrete_function(tf.TensorSpec([3], dtype))
 
     def test_summable_claim(self, variant, implementation):
         """The aggregation path the strategy takes sums what the workers sent.

@@ -251,6 +251,65 @@ def test_float64_norm_is_rounded_up_to_float32():
     assert norm >= 1.0 / 3.0 and norm == float(np.float32(norm))
 
 
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+@pytest.mark.parametrize("block_size", [None, 4])
+def test_norms_beyond_the_float32_range_stay_finite(block_size):
+    """As QSGD: the squares of 1e30 overflow float32 and the L2 norm of 3e38s exceeds it."""
+    big = [1e30] * 6 + [3e38, -3e38, 3e38, 3e38]
+    x = tf.constant(big, tf.float32)
+    q = PQuant(p=2, block_size=block_size, seed=0)
+    norms = q.compress(x).tensors["norms"].numpy()
+    assert np.all(np.isfinite(norms)) and norms.max() == _FLOAT32_MAX
+    if block_size:  # the blocks of 1e30s have their exact norm, 2e30 (rounded up)
+        assert norms[0] == pytest.approx(2e30, rel=1e-6) and norms[0] >= 2e30
+    samples = np.stack([q.decompress(q.compress(x)).numpy() for _ in range(10)])
+    assert np.all(np.isfinite(samples))
+    # every decoded element is 0 or +-norm of its block, with x's sign: unbiased
+    assert np.all(np.abs(samples[:, 6:]) <= _FLOAT32_MAX)
+    assert np.all(samples * np.sign(big) >= 0)
+
+
+def test_float16_and_bfloat16_results_saturate():
+    for dtype in (tf.float16, tf.bfloat16):
+        x = tf.fill([8], tf.constant(float(dtype.max) / 2, dtype))  # L2 norm: 1.41 * max
+        q = PQuant(p=2, seed=0)
+        y = q.decompress(q.compress(x))
+        assert y.dtype == dtype
+        y = y.numpy().astype(np.float64)
+        assert np.all(np.isfinite(y)) and np.abs(y).max() == float(dtype.max)
+
+
+def test_float64_beyond_the_float32_range_is_an_error_naming_the_tensor():
+    q = PQuant(p="inf", seed=0)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="`input`.*float32 range"):
+        q.compress(tf.constant([1.0, -1e300], tf.float64))
+    fn = tf.function(lambda t: q.compress(tf.identity(t, name="grad")).tensors["norms"])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="`grad:0`.*float32 range"):
+        fn(tf.constant([1e39], tf.float64))
+    # within the range: the norm is clamped, not an error
+    norms = PQuant(p=2, seed=0).compress(tf.constant([3e38, 3e38], tf.float64)).tensors["norms"]
+    assert norms.numpy().tolist() == [_FLOAT32_MAX]
+
+
+@pytest.mark.parametrize("block_size", [None, 1024])
+def test_sizes_are_int64_past_2_31_elements(block_size):
+    """A graph for 2**31 + 5 elements (traced, never run: it would need 12 GiB)."""
+    n = 2**31 + 5
+    q = PQuant(p=2, block_size=block_size, seed=0)
+
+    def round_trip(x):
+        payload = q.compress(x)
+        return payload.tensors["norms"], payload.tensors["codes"], q.decompress(payload)
+
+    traced = tf.function(round_trip).get_concrete_function(tf.TensorSpec([n], tf.float16))
+    norms, codes, y = traced.structured_outputs
+    assert codes.shape.as_list() == [-(-n // 4)]
+    assert y.shape.as_list() == [n] and y.dtype == tf.float16
+    assert norms.shape.rank == 1
+
+
 def test_decompress_validates_the_payload():
     q = PQuant(p=2, block_size=4, seed=0)
     payload = q.compress(tf.ones([8]))

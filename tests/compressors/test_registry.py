@@ -1,5 +1,10 @@
+import importlib
+import pkgutil
+
 import pytest
 
+import tests.compressors as package
+from tests.compressors.conformance import CompressorConformance
 from tfcompress import compressors
 
 
@@ -39,3 +44,18 @@ def test_missing_required_option_is_named():
     with pytest.raises(ValueError, match=r"'diana' needs option\(s\) \['inner'\]"):
         compressors.get("diana")
     assert isinstance(compressors.get("diana", inner="pquant"), compressors.DIANA)
+
+
+def test_every_registered_compressor_runs_the_conformance_tests():
+    """Edge cases (0-d, empty, integer inputs, every float dtype) live in the conformance
+    class; a compressor registered without a conformance subclass would escape them."""
+    for module in pkgutil.iter_modules(package.__path__):
+        if module.name.startswith("test_"):
+            importlib.import_module(f"{package.__name__}.{module.name}")
+    found, pending = set(), list(CompressorConformance.__subclasses__())
+    while pending:
+        cls = pending.pop()
+        pending.extend(cls.__subclasses__())
+        if cls.__name__.startswith("Test"):
+            found.add(cls().make().name)
+    assert set(compressors.available()) <= found, set(compressors.available()) - found

@@ -31,6 +31,23 @@ The lossless codecs keep every ``T`` bit for bit (float64 included); the
 lossy ones compute in float32 or float64 and decode to ``T`` (each class's
 docstring says how).
 
+Non-finite values, one rule for every codec (``ValueCodec.lossless``):
+
+* the lossless codecs (``raw``, ``deflate``) carry NaN and +-Inf bit for bit,
+  NaN payloads included, as TensorFlow's own all-reduce would;
+* every lossy codec (``fp16``, ``qsgd``, ``polyfit``, ``dexpfit``) rejects
+  them at encoding with ``tf.errors.InvalidArgumentError`` naming the tensor
+  (its graph name, or ``values`` eagerly) and the first position holding one:
+  there is no finite float16 for Inf, no float32 norm or fitted coefficient
+  that represents a NaN, and a silent substitute (fp16 used to saturate Inf
+  to 65504) would hide a diverging step. Their decoders, in turn, treat a
+  non-finite value on the wire as a corrupted payload.
+
+Through the strategies none of this is reached: the cross-device ops compress
+zeros in place of a non-finite gradient and return NaN sums for the step
+(:mod:`tfcompress.distribute.nonfinite`), and the sparsifiers DeepReduce
+selects with raise on NaN and Inf before any value codec runs.
+
 The curve fits are not order preserving: they fit the *sorted* values, so
 they also send the permutation that sorts them, ``perm[j]`` = the position
 (in ``[0, r)``) of the ``j``-th sorted value, bit-packed at ``b = ceil(log2
@@ -52,8 +69,10 @@ import tensorflow as tf
 from tfcompress.ops import bitpack, quantize
 from tfcompress.ops import value_codecs as deflate_ops
 from tfcompress.ops.checks import invalid_argument, require
+from tfcompress.ops.sparsify import graph_name
 
 __all__ = [
+    "POLYFIT_MAX_VALUES",
     "SUPPORTED_DTYPES",
     "VALUE_CODECS",
     "DeflateValues",
@@ -135,14 +154,40 @@ class ValueCodec:
     # -- shared helpers ------------------------------------------------------------------
 
     def _values(self, values) -> tf.Tensor:
-        """``values`` as a vector of their own dtype, which must be a supported one."""
+        """``values`` as a vector of their own dtype, which must be a supported one.
+
+        For a lossy codec the vector must also be finite (the non-finite rule
+        of the module docstring): a NaN or Inf raises InvalidArgumentError.
+        """
         values = tf.convert_to_tensor(values, dtype_hint=tf.float32)
         if values.dtype not in SUPPORTED_DTYPES:
             raise TypeError(
                 f"{type(self).__name__}.encode: `values` must be one of "
                 f"{[d.name for d in SUPPORTED_DTYPES]}, got {values.dtype.name}"
             )
-        return tf.reshape(values, [-1])
+        tensor_name = graph_name(values, "values")
+        flat = tf.reshape(values, [-1])
+        if self.lossless:
+            return flat
+        finite = tf.math.is_finite(flat)
+
+        def message():
+            size = tf.size(flat, out_type=tf.int64)
+            first = tf.minimum(tf.reduce_min(tf.where(finite, size, tf.range(size))), size)
+            # Padded: in a graph the message is computed even for an empty, valid input.
+            padded = tf.concat([tf.cast(flat, tf.float64), tf.zeros([1], tf.float64)], 0)
+            return [
+                f"{self.name} values: the tensor `{tensor_name}` holds a non-finite value (",
+                tf.gather(padded, first),
+                ") at position ",
+                first,
+                f"; the lossy {self.name!r} codec cannot encode NaN or Inf (the lossless "
+                "'raw' and 'deflate' carry them bit for bit)",
+            ]
+
+        checks = require(tf.reduce_all(finite), message)
+        with tf.control_dependencies(checks):
+            return tf.identity(flat)
 
     def _dtype(self, dtype) -> tf.DType:
         dtype = tf.as_dtype(dtype)
@@ -262,7 +307,9 @@ class FP16Values(ValueCodec):
     (float16's subnormal limit); the decoder returns them in their dtype.
     float16 and bfloat16 values are 16-bit already and are sent as they are
     (their own bits): exact, and a bfloat16 value keeps its range instead of
-    being narrowed to float16's.
+    being narrowed to float16's. NaN and Inf raise InvalidArgumentError at
+    encoding, whatever the dtype (the non-finite rule of the module
+    docstring), and the decoder rejects them as a corrupted payload.
     """
 
     name = "fp16"
@@ -305,8 +352,8 @@ class QSGDValues(ValueCodec):
     in float32, or in float64 for float64) and the decoder returns that
     dtype. The norms are float32 (rounded up), so a float64
     value beyond float32's range raises InvalidArgumentError at encoding,
-    and with ``norm="l2"`` a decoded float16 value may exceed 65504 and
-    become +-Inf, as anywhere in float16 training.
+    and with ``norm="l2"`` a decoded float16 value that would exceed 65504
+    saturates there (the QSGD decoder's rule), never Inf.
 
     Args:
       bits: bits of a level (1..8): ``s = 2**bits - 1`` levels. Default 4.
@@ -329,11 +376,12 @@ class QSGDValues(ValueCodec):
         self.levels = 2**self.bits - 1
 
     def encode(self, values, seed=None) -> tf.Tensor:
+        tensor_name = graph_name(values, "values")
         values = self._values(values)
         seed = _require_seed(self, seed)
         noise = tf.random.stateless_uniform(tf.shape(values, out_type=tf.int64), seed=seed)
         norms, packed = quantize.qsgd_encode(
-            values, noise, self.levels, self.bucket_size, self.norm, tensor_name="values"
+            values, noise, self.levels, self.bucket_size, self.norm, tensor_name=tensor_name
         )
         return tf.concat([_to_bytes(norms), packed], axis=0)
 
@@ -449,6 +497,53 @@ def _require_finite(values: tf.Tensor, name: str, what: str) -> list:
     )
 
 
+POLYFIT_MAX_VALUES = 2**31 - 1
+"""Most values :class:`PolynomialFit` encodes: its segment starts travel as int32."""
+
+
+def _require_int32_positions(count: tf.Tensor, name: str, tensor_name: str) -> list:
+    """Rejects more than :data:`POLYFIT_MAX_VALUES` values (int32 positions on the wire).
+
+    Raises at once when the count is known while tracing (a graph for a
+    tensor too large to allocate here fails as it would at run time).
+    """
+
+    def message(value) -> list:
+        return [
+            f"{name} values: the tensor `{tensor_name}` has ",
+            value,
+            f" values; at most {POLYFIT_MAX_VALUES} are supported (segment starts are int32)",
+        ]
+
+    static = tf.get_static_value(count)
+    if static is not None:
+        if int(static) > POLYFIT_MAX_VALUES:
+            raise invalid_argument("".join(str(part) for part in message(int(static))))
+        return []
+    return require(count <= POLYFIT_MAX_VALUES, lambda: message(count))
+
+
+def _float32_coefficients(coefficients: tf.Tensor, name: str, tensor_name: str) -> tf.Tensor:
+    """The fit's float64 coefficients as float32; a finite input needs finite ones.
+
+    Only float64 values beyond (or near) float32's range can overflow them:
+    that is an encoding error naming the tensor, as for QSGD's norms, rather
+    than a payload the decoder would reject as corrupted.
+    """
+    narrowed = tf.cast(coefficients, tf.float32)
+    checks = require(
+        tf.reduce_all(tf.math.is_finite(narrowed)),
+        lambda: [
+            f"{name} values: the tensor `{tensor_name}` needs fit coefficients beyond the "
+            "float32 range of the payload (largest magnitude ",
+            tf.reduce_max(tf.abs(coefficients)),
+            ")",
+        ],
+    )
+    with tf.control_dependencies(checks):
+        return tf.identity(narrowed)
+
+
 class PolynomialFit(ValueCodec):
     """Piecewise polynomial fit of the sorted values (DeepReduce's "polynomial fit").
 
@@ -468,7 +563,9 @@ class PolynomialFit(ValueCodec):
     farthest point of the first chord, so it becomes the first cut.
 
     Bytes: int32 ``S``; int32 segment starts ``[S]``; float32 coefficients
-    ``[S, degree + 1]`` (constant term first); the permutation.
+    ``[S, degree + 1]`` (constant term first); the permutation. The int32
+    starts limit a section to :data:`POLYFIT_MAX_VALUES` (``2**31 - 1``)
+    values: more raise InvalidArgumentError naming the tensor.
 
     Dtypes: the values are sorted and fitted in float64 (read exactly from
     any dtype), the coefficients travel as float32 and the decoder evaluates
@@ -476,8 +573,9 @@ class PolynomialFit(ValueCodec):
     saturating at its largest finite value (float16: 65504), so that an
     overshoot of the fit never decodes to Inf. The fit error dominates the
     coefficients' rounding: float64 values are not decoded more precisely
-    than float32 ones, and values beyond float32's range give coefficients
-    that overflow (the decoder rejects them).
+    than float32 ones, and float64 values beyond float32's range, whose
+    coefficients would overflow, raise InvalidArgumentError naming the tensor
+    at encoding.
 
     Error bound: see ``tests/codecs/test_values.py`` for the relative L2
     error measured on real CNN gradients (the test asserts it).
@@ -564,9 +662,12 @@ class PolynomialFit(ValueCodec):
 
     def encode(self, values, seed=None) -> tf.Tensor:
         del seed
+        tensor_name = graph_name(values, "values")
         values = tf.cast(self._values(values), tf.float64)  # exact for every dtype
         r = tf.size(values, out_type=tf.int64)
-        perm = tf.argsort(values, stable=True)
+        checks = _require_int32_positions(r, self.name, tensor_name)
+        with tf.control_dependencies(checks):
+            perm = tf.argsort(values, stable=True)
         y = tf.gather(values, perm)
         starts = self._segments(y, r)
         seg, t = self._local(starts, r)
@@ -581,7 +682,7 @@ class PolynomialFit(ValueCodec):
         ridge = 1e-10 * (tf.linalg.trace(gram) / size + 1e-30)
         system = gram + ridge[:, None, None] * tf.eye(size, dtype=tf.float64)
         coefficients = tf.linalg.solve(system, rhs[:, :, None])[:, :, 0] * scale
-        coefficients = tf.cast(coefficients, tf.float32)
+        coefficients = _float32_coefficients(coefficients, self.name, tensor_name)
         return tf.concat(
             [
                 tf.reshape(tf.bitcast(tf.reshape(tf.cast(num, tf.int32), [1]), tf.uint8), [-1]),
@@ -685,7 +786,8 @@ class DoubleExponentialFit(ValueCodec):
 
     Dtypes: as :class:`PolynomialFit`: fitted in float64 from the values of
     any dtype, four float32 coefficients, evaluated in float64 and rounded
-    once to the values' dtype, saturating at its largest finite value.
+    once to the values' dtype, saturating at its largest finite value; float64
+    values whose coefficients overflow float32 raise InvalidArgumentError.
 
     Args:
       refinements: Levenberg-Marquardt steps after the closed form (default 20).
@@ -764,6 +866,7 @@ class DoubleExponentialFit(ValueCodec):
 
     def encode(self, values, seed=None) -> tf.Tensor:
         del seed
+        tensor_name = graph_name(values, "values")
         values = tf.cast(self._values(values), tf.float64)  # exact for every dtype
         r = tf.size(values, out_type=tf.int64)
         magnitudes = tf.abs(values)
@@ -771,15 +874,23 @@ class DoubleExponentialFit(ValueCodec):
         y = tf.gather(magnitudes, perm)
         scale = tf.maximum(tf.reduce_max(tf.concat([y, [0.0]], 0)), 1e-300)
         x = tf.cast(tf.range(r), tf.float64) / tf.cast(tf.maximum(r - 1, 1), tf.float64)
-        theta = tf.cond(
-            r >= 4,
-            lambda: self._fit(y / scale, x),
-            # Too few points for the closed form: a constant at their mean.
-            lambda: tf.stack(
+
+        def fit():
+            return self._fit(y / scale, x)
+
+        def constant():  # too few points for the closed form: a constant at their mean
+            return tf.stack(
                 [tf.math.divide_no_nan(tf.reduce_sum(y / scale), tf.cast(r, tf.float64))]
                 + [tf.constant(0.0, tf.float64)] * 3
-            ),
-        )
+            )
+
+        static_r = tf.get_static_value(r)
+        if static_r is not None:
+            # Known while tracing: trace one branch only (the fit of a static
+            # empty tensor does not even trace: its integrals have length 1).
+            theta = fit() if static_r >= 4 else constant()
+        else:
+            theta = tf.cond(r >= 4, fit, constant)
         # The fit ran on y / scale: scale the amplitudes a and b back.
         theta = theta * tf.constant([1.0, 0.0, 1.0, 0.0], tf.float64) * scale + theta * tf.constant(
             [0.0, 1.0, 0.0, 1.0], tf.float64
@@ -787,7 +898,7 @@ class DoubleExponentialFit(ValueCodec):
         signs = tf.cast(tf.gather(values, perm) < 0, tf.uint8)
         return tf.concat(
             [
-                _to_bytes(tf.cast(theta, tf.float32)),
+                _to_bytes(_float32_coefficients(theta, self.name, tensor_name)),
                 bitpack.pack_bits(signs, 1),
                 _pack_permutation(tf.cast(perm, tf.int64), r),
             ],

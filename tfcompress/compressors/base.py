@@ -429,11 +429,15 @@ class Compressor:
     def _check_input(self, x: tf.Tensor) -> tf.Tensor:
         x = tf.convert_to_tensor(x)
         if x.dtype not in self.supported_dtypes:
+            try:  # graph tensors have a name; eager tensors raise instead
+                named = f" `{x.name}`"
+            except AttributeError:
+                named = ""
             raise TypeError(
                 f"{type(self).__name__} compresses floating tensors "
-                f"({', '.join(d.name for d in self.supported_dtypes)}); got a tensor of "
-                f"dtype {x.dtype.name}. Non-float tensors are reduced exactly by the "
-                "strategy and should not be passed to a compressor."
+                f"({', '.join(d.name for d in self.supported_dtypes)}); got the tensor{named} "
+                f"of dtype {x.dtype.name}. Non-float tensors (integer gradients included) are "
+                "reduced exactly by the strategy and should not be passed to a compressor."
             )
         return x
 

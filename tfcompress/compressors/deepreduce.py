@@ -42,7 +42,7 @@ from tfcompress.compressors.state import (
 )
 from tfcompress.compressors.topk import TopK
 from tfcompress.ops.checks import require
-from tfcompress.ops.sparsify import MAX_ELEMENTS, graph_name, sparse_scatter
+from tfcompress.ops.sparsify import check_static_size, graph_name, sparse_scatter
 
 __all__ = ["DeepReduce"]
 
@@ -311,8 +311,8 @@ class DeepReduce(Compressor):
     def compress(self, x: tf.Tensor) -> Payload:
         x = self._check_input(x)
         d = num_elements(x)
-        if isinstance(d, int) and d > MAX_ELEMENTS:
-            raise ValueError(f"DeepReduce: tensors of more than {MAX_ELEMENTS} elements")
+        # Positions travel as int32 between the sparsifier and the codecs.
+        check_static_size(x, "DeepReduce", graph_name(x))
         flat = tf.reshape(x, [-1])
         step = self._next_step()
         # A random sparsifier draws from its own stream, apart from the codecs'.

@@ -5,12 +5,15 @@ from __future__ import annotations
 import math
 import numbers
 
+import numpy as np
 import tensorflow as tf
 
 from tfcompress.compressors.base import Compressor, Payload
 from tfcompress.compressors.registry import register
 from tfcompress.compressors.state import PerStepRandomness
 from tfcompress.ops import pack_bits, unpack_bits
+from tfcompress.ops.checks import require
+from tfcompress.ops.sparsify import graph_name
 
 __all__ = ["PQuant"]
 
@@ -18,6 +21,7 @@ __all__ = ["PQuant"]
 _CODE_ZERO, _CODE_PLUS, _CODE_MINUS = 0, 1, 2
 _CODE_BITS = 2
 _NORM_BYTES = 4  # one float32 norm per block
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 def _is_int(value) -> bool:
@@ -72,6 +76,17 @@ class PQuant(PerStepRandomness, Compressor):
     probabilities never exceed 1 and ``E[Q(x)] = x`` holds exactly for float32
     and float64 tensors (float16/bfloat16 decode rounds the norm).
 
+    Range (as QSGD's kernels): the L2 norm is computed with the block scaled
+    by its largest magnitude, so squaring never overflows, and a finite block
+    whose norm exceeds the float32 range (values near float32's largest,
+    3.4e38) sends the largest float32 instead: still ``>= max |x_j|``,
+    so the quantizer stays unbiased and finite input decodes to finite
+    output. A float64 value beyond the float32 range raises
+    ``InvalidArgumentError`` naming the tensor (no float32 norm can carry
+    it). float16 and bfloat16 results saturate at the dtype's largest finite
+    value (an L2 norm of values within their range can exceed it). Sizes are
+    int64: tensors beyond ``2**31`` elements work.
+
     Wire format: ``"norms"``, float32 ``[num_blocks]``; ``"codes"``, 2 bits
     per element (0: zero, 1: +norm, 2: -norm) packed by
     :func:`tfcompress.ops.pack_bits`: ``4 * num_blocks + ceil(n / 4)`` bytes,
@@ -101,6 +116,8 @@ class PQuant(PerStepRandomness, Compressor):
 
     Raises:
       ValueError: for another ``p`` or a ``block_size`` below 1.
+      tf.errors.InvalidArgumentError: (``compress``) a float64 value beyond
+        the float32 range.
 
     Example:
 
@@ -151,10 +168,10 @@ class PQuant(PerStepRandomness, Compressor):
     # -- coding ------------------------------------------------------------------------------
 
     def _blocks(self, n: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-        """(number of blocks, block length) for ``n`` elements, as int32 tensors."""
+        """(number of blocks, block length) for ``n`` elements, as int64 tensors."""
         if self.block_size is None:
-            return tf.constant(1), tf.maximum(n, 1)
-        size = tf.constant(self.block_size)
+            return tf.constant(1, tf.int64), tf.maximum(n, 1)
+        size = tf.constant(self.block_size, tf.int64)
         return (n + size - 1) // size, size
 
     # Pure graph code without Python control flow on tensors: AutoGraph has
@@ -162,15 +179,17 @@ class PQuant(PerStepRandomness, Compressor):
     @tf.autograph.experimental.do_not_convert
     def compress(self, x: tf.Tensor) -> Payload:
         x = self._check_input(x)
+        tensor_name = graph_name(x)
         self.ensure_state()
         work_dtype = tf.float64 if x.dtype == tf.float64 else tf.float32
         flat = tf.cast(tf.reshape(x, [-1]), work_dtype)
-        n = tf.size(flat)
+        n = tf.size(flat, out_type=tf.int64)
         num_blocks, block = self._blocks(n)
-        padded = tf.pad(flat, [[0, num_blocks * block - n]])
+        padded = tf.pad(flat, tf.reshape(tf.stack([0, num_blocks * block - n]), [1, 2]))
         blocks = tf.reshape(padded, tf.stack([num_blocks, block]))
         magnitude = tf.abs(blocks)
-        norms = self._block_norms(magnitude)
+        with tf.control_dependencies(self._float32_range_checks(magnitude, tensor_name)):
+            norms = self._block_norms(magnitude)
         # Round the norm up to float32 so |x_j| / norm <= 1 and E[Q(x)] = x exactly.
         wire_norms = tf.cast(norms, tf.float32)
         wire_norms = tf.where(
@@ -180,7 +199,9 @@ class PQuant(PerStepRandomness, Compressor):
         )
         scale = tf.cast(wire_norms, work_dtype)[:, None]
         probability = tf.math.divide_no_nan(magnitude, scale)
-        uniform = self.noise().uniform(tf.shape(blocks), self.next_step(), dtype=work_dtype)
+        uniform = self.noise().uniform(
+            tf.shape(blocks, out_type=tf.int64), self.next_step(), dtype=work_dtype
+        )
         plus, minus, zero = (
             tf.constant(c, tf.uint8) for c in (_CODE_PLUS, _CODE_MINUS, _CODE_ZERO)
         )
@@ -191,28 +212,45 @@ class PQuant(PerStepRandomness, Compressor):
             **self._metadata(x),
         )
 
+    @staticmethod
+    def _float32_range_checks(magnitude: tf.Tensor, tensor_name: str) -> list:
+        """float64 input: every finite magnitude must fit the float32 norm (as QSGD's kernel)."""
+        if magnitude.dtype != tf.float64:
+            return []  # half, bfloat16 and float32 magnitudes fit by construction
+        finite = tf.where(tf.math.is_finite(magnitude), magnitude, tf.zeros_like(magnitude))
+        largest = tf.reduce_max(tf.concat([tf.reshape(finite, [-1]), [0.0]], 0))
+        return require(
+            largest <= _FLOAT32_MAX,
+            lambda: [
+                f"PQuant: the input tensor `{tensor_name}` needs a float32 norm of at least ",
+                largest,
+                ", beyond the float32 range of the payload",
+            ],
+        )
+
     def _block_norms(self, magnitude: tf.Tensor) -> tf.Tensor:
         largest = tf.reduce_max(tf.concat([magnitude, tf.zeros_like(magnitude[:, :1])], 1), 1)
         if math.isinf(self._p):
             return largest
-        # Scaled by the largest magnitude so that squaring cannot overflow float32.
+        # Scaled by the largest magnitude so that squaring cannot overflow.
         safe = tf.where(largest > 0, largest, tf.ones_like(largest))
-        return largest * tf.sqrt(tf.reduce_sum(tf.square(magnitude / safe[:, None]), axis=1))
+        norms = largest * tf.sqrt(tf.reduce_sum(tf.square(magnitude / safe[:, None]), axis=1))
+        # A finite block whose L2 norm exceeds the float32 range (or overflows
+        # the float32 product) sends the largest float32 instead: still
+        # >= max |x_j|, so probabilities stay <= 1 and E[Q(x)] = x. A
+        # non-finite block keeps its NaN or Inf norm.
+        overflow = tf.logical_and(norms > _FLOAT32_MAX, tf.math.is_finite(largest))
+        return tf.where(overflow, tf.constant(_FLOAT32_MAX, norms.dtype), norms)
 
     @tf.autograph.experimental.do_not_convert
     def decompress(self, payload: Payload) -> tf.Tensor:
         norms = payload.tensors["norms"]
         packed = payload.tensors["codes"]
-        n = (
-            tf.constant(payload.shape.num_elements())
-            if payload.shape.is_fully_defined()
-            else tf.reduce_prod(payload.dense_shape)
-        )
-        n = tf.cast(n, tf.int32)
+        n = tf.cast(payload.num_elements, tf.int64)
         num_blocks, block = self._blocks(n)
         checks = [
             tf.debugging.assert_equal(
-                tf.size(norms),
+                tf.size(norms, out_type=tf.int64),
                 num_blocks,
                 message="PQuant payload: the number of block norms does not match the tensor",
             )
@@ -231,12 +269,19 @@ class PQuant(PerStepRandomness, Compressor):
             codes = tf.identity(codes)
         work_dtype = tf.float64 if payload.dtype == tf.float64 else tf.float32
         signs = tf.gather(tf.constant([0.0, 1.0, -1.0], work_dtype), codes)
-        signs = tf.pad(signs, [[0, num_blocks * block - n]])
+        signs = tf.pad(signs, tf.reshape(tf.stack([0, num_blocks * block - n]), [1, 2]))
         # sign * norm (not a select) so that a non-finite norm decodes to NaN.
         values = (
             tf.reshape(signs, tf.stack([num_blocks, block])) * tf.cast(norms, work_dtype)[:, None]
         )
         values = tf.reshape(values, [-1])[:n]
+        if float(payload.dtype.max) < _FLOAT32_MAX:
+            # float16 and bfloat16 saturate (an L2 norm may exceed their range),
+            # as QSGD's decoder does; NaN stays NaN.
+            highest = tf.constant(float(payload.dtype.max), work_dtype)
+            values = tf.where(
+                tf.math.is_finite(values), tf.clip_by_value(values, -highest, highest), values
+            )
         return self._restore_shape(tf.cast(values, payload.dtype), payload)
 
     def get_config(self) -> dict:

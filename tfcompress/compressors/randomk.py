@@ -55,7 +55,12 @@ from tfcompress.compressors.base import Payload, num_elements
 from tfcompress.compressors.registry import register
 from tfcompress.compressors.sparsifier import Selection, Sparsifier, check_ratio, selected_count
 from tfcompress.compressors.state import PerStepRandomness, SeededNoise, TensorContext
-from tfcompress.ops.sparsify import graph_name, random_k_indices, sparse_scatter
+from tfcompress.ops.sparsify import (
+    check_static_size,
+    graph_name,
+    random_k_indices,
+    sparse_scatter,
+)
 
 __all__ = ["RandomK", "RandomKPayload"]
 
@@ -167,6 +172,7 @@ class RandomK(PerStepRandomness, Sparsifier):
         x = tf.debugging.check_numerics(
             x, f"RandomK: tensor `{tensor_name}` has a non-finite value (NaN or Inf)"
         )
+        check_static_size(x, "RandomK", tensor_name)
         flat = tf.reshape(x, [-1])
         d = num_elements(x)
         indices = self._indices(d, step, context, stream)

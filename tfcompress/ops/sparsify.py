@@ -36,6 +36,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from tfcompress.ops._define import define_op, dispatch
+from tfcompress.ops.checks import invalid_argument
 from tfcompress.ops.convert import (
     FLOAT_DTYPES,
     TensorLike,
@@ -48,6 +49,7 @@ from tfcompress.ops.reference.sparsify import MAX_ELEMENTS
 
 __all__ = [
     "MAX_ELEMENTS",
+    "check_static_size",
     "graph_name",
     "random_k_indices",
     "random_k_indices_reference",
@@ -110,6 +112,7 @@ def top_k_magnitudes(
     """
     tensor_name = tensor_name or graph_name(x)
     x, k = _to_floats(x, "TopK", "x"), to_integer_scalar(k, "TopK", "k")
+    check_static_size(x, "TopK", tensor_name)
     return dispatch("TopK", reference.top_k_magnitudes, x=x, k=k, tensor_name=tensor_name)
 
 
@@ -147,6 +150,7 @@ def threshold_select(
     """
     tensor_name = tensor_name or graph_name(x)
     x = _to_floats(x, "ThresholdSelect", "x")
+    check_static_size(x, "ThresholdSelect", tensor_name)
     threshold = _to_threshold(threshold)
     return dispatch(
         "ThresholdSelect",
@@ -216,6 +220,7 @@ def random_k_indices(noise: TensorLike, k: TensorLike, name: str | None = None) 
     [1, 3]
     """
     noise, k = _to_noise(noise), to_integer_scalar(k, "RandomKIndices", "k")
+    check_static_size(noise, "RandomKIndices", "noise")
     return dispatch("RandomKIndices", reference.random_k_indices, noise=noise, k=k)
 
 
@@ -235,6 +240,27 @@ def _to_floats(x: TensorLike, op: str, what: str) -> tf.Tensor:
             f"{op}: `{what}` must be float16, bfloat16, float32 or float64, got {x.dtype.name}"
         )
     return x
+
+
+def check_static_size(x: tf.Tensor, op: str, tensor_name: str) -> None:
+    """Rejects, while tracing, a static size beyond :data:`MAX_ELEMENTS` (int32 indices).
+
+    Used by the wrappers below and by sparsifiers that build their own inputs
+    (RandomK's noise), so that the message names the gradient.
+
+    The kernels and references check the size at run time with the same
+    message; this catches a graph built for too large a tensor before any of
+    it is allocated.
+
+    Raises:
+        tf.errors.InvalidArgumentError: ``x`` has a static size above the limit.
+    """
+    n = x.shape.num_elements()
+    if n is not None and n > MAX_ELEMENTS:
+        raise invalid_argument(
+            f"{op}: tensor `{tensor_name}` has {n} elements; at most {MAX_ELEMENTS} are "
+            "supported (indices are int32)"
+        )
 
 
 def _to_threshold(threshold: TensorLike) -> tf.Tensor:

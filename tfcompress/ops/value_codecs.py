@@ -28,6 +28,7 @@ from tfcompress.ops.reference import value_codecs as reference
 
 __all__ = [
     "DEFAULT_LEVEL",
+    "DEFLATE_MAX_BYTES",
     "deflate_decode",
     "deflate_decode_reference",
     "deflate_encode",
@@ -36,6 +37,9 @@ __all__ = [
 
 DEFAULT_LEVEL = 6
 """zlib's default compression level (1: fastest .. 9: smallest)."""
+
+DEFLATE_MAX_BYTES = reference.DEFLATE_MAX_BYTES
+"""Most bytes :func:`deflate_encode` takes (zlib's 32-bit length: 4 GiB - 1)."""
 
 
 @define_op(
@@ -57,7 +61,9 @@ def deflate_encode(
     Raises:
         ValueError: ``level`` outside ``[-1, 9]``.
         TypeError: ``data`` is not uint8.
-        tf.errors.InvalidArgumentError: ``data`` is not a vector.
+        tf.errors.InvalidArgumentError: ``data`` is not a vector, or has more
+            than :data:`DEFLATE_MAX_BYTES` bytes (while tracing when its
+            size is static).
 
     >>> stream = deflate_encode(tf.zeros([1000], tf.uint8))
     >>> int(tf.size(stream)) < 30
@@ -65,6 +71,9 @@ def deflate_encode(
     """
     level = _check_level(level)
     data = _to_bytes(data, "deflate_encode", "data")
+    size = data.shape.num_elements()
+    if size is not None and size > DEFLATE_MAX_BYTES:
+        raise invalid_argument(reference.too_many_bytes_message(size))
     return dispatch("DeflateEncode", reference.deflate_encode, data=data, level=level)
 
 

@@ -17,10 +17,21 @@ import tensorflow as tf
 
 from tfcompress.ops.checks import invalid_argument
 
-__all__ = ["deflate_decode", "deflate_encode"]
+__all__ = ["DEFLATE_MAX_BYTES", "deflate_decode", "deflate_encode", "too_many_bytes_message"]
 
 _MAX_RATIO = 1032  # deflate's largest expansion: output bytes per input byte
 _SLACK = 64
+
+DEFLATE_MAX_BYTES = 2**32 - 1
+"""Most bytes DeflateEncode takes: the kernel's zlib call has a 32-bit length."""
+
+
+def too_many_bytes_message(size: int) -> str:
+    """DeflateEncode's message for ``size`` bytes beyond :data:`DEFLATE_MAX_BYTES`."""
+    return (
+        f"DeflateEncode: `data` has {size} bytes; at most {DEFLATE_MAX_BYTES} are supported "
+        "(zlib's 32-bit length)"
+    )
 
 
 def deflate_encode(data: tf.Tensor, level: int) -> tf.Tensor:
@@ -29,7 +40,10 @@ def deflate_encode(data: tf.Tensor, level: int) -> tf.Tensor:
     Calls ``zlib.compress`` through ``tf.numpy_function``.
     """
 
+    # A ValueError inside tf.numpy_function becomes InvalidArgumentError.
     def encode(array: np.ndarray) -> np.ndarray:
+        if array.size > DEFLATE_MAX_BYTES:  # the kernel's limit, though Python's zlib has none
+            raise ValueError(too_many_bytes_message(array.size))
         return np.frombuffer(zlib.compress(array.tobytes(), level), dtype=np.uint8)
 
     out = tf.numpy_function(encode, [data], tf.uint8, stateful=False)

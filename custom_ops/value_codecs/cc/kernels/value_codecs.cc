@@ -105,11 +105,15 @@ class DeflateEncodeOp : public OpKernel {
     OP_REQUIRES(context, TensorShapeUtils::IsVector(data.shape()),
                 InvalidArgument("DeflateEncode: `data` must be a vector, got shape ",
                                 data.shape().DebugString()));
-    OP_REQUIRES(context,
-                data.NumElements() <=
-                    static_cast<int64_t>(std::numeric_limits<uInt>::max()),
-                InvalidArgument("DeflateEncode: `data` has too many bytes (",
-                                data.NumElements(), ")"));
+    // The wire format is one zlib stream; the limit is zlib's 32-bit length
+    // (tfcompress.ops.value_codecs.DEFLATE_MAX_BYTES), checked rather than
+    // truncated.
+    constexpr int64_t kMaxBytes = std::numeric_limits<uInt>::max();
+    OP_REQUIRES(context, data.NumElements() <= kMaxBytes,
+                InvalidArgument("DeflateEncode: `data` has ",
+                                data.NumElements(), " bytes; at most ",
+                                kMaxBytes,
+                                " are supported (zlib's 32-bit length)"));
     std::vector<uint8_t> compressed;
     OP_REQUIRES_OK(context, functor::DeflateEncode<CPUDevice>()(
                                 context->eigen_device<CPUDevice>(),
