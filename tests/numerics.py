@@ -52,7 +52,7 @@ def record_training(
     """Appends one checked training figure to ``TFCOMPRESS_TRAINING_LOG``, if set.
 
     Args:
-      comparison: the check's name, e.g. ``"training/qsgd-4bit"``.
+      comparison: the check's name, e.g. ``"training/terngrad - none"``.
       value: the figure the test asserts on (an accuracy difference, a loss ratio).
       lower: the test asserts ``value >= lower``.
       upper: the test asserts ``value < upper``.

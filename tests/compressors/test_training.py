@@ -1,4 +1,8 @@
-"""Every compressor trains a small CNN under the 2-worker strategy with model.fit.
+"""The classic compressors train a small CNN under the 2-worker strategy with model.fit.
+
+QSGD and ErrorFeedback(TopK) are not here: tests/keras/test_mixed_precision.py
+trains them (and DIANA and GradiVeQ) on 2 workers to within 1 point of
+uncompressed, with both Kerases, in one launch per Keras.
 
 Fashion-MNIST (4,096 training images, 3 epochs) through
 examples/fashion_mnist/train.py; biased compressors run inside ErrorFeedback.
@@ -31,10 +35,8 @@ MARGIN = 0.12
 MARGINS = {"signsgd+ef": 0.27}
 CONFIGS = {
     "none": ["--compression", "none"],
-    "qsgd-4bit": ["--compression", "qsgd", "--option", "bits=4", "--option", "seed=1"],
     "terngrad": ["--compression", "terngrad", "--option", "seed=1"],
     "signsgd+ef": ["--compression", "signsgd", "--error-feedback"],
-    "topk-10%+ef": ["--compression", "topk", "--option", "ratio=0.1", "--error-feedback"],
     "threshold+ef": ["--compression", "threshold", "--option", "value=0.01", "--error-feedback"],
     "randomk-25%": ["--compression", "randomk", "--option", "ratio=0.25", "--option", "seed=3"],
 }

@@ -23,7 +23,7 @@ def test_worker_that_never_joins_times_out():
     result = launch(
         [sys.executable, str(WORKERS / "never_joins.py")],
         2,
-        timeout=25,
+        timeout=12,
         env={"PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "2"},
         stream=None,
     )
@@ -37,10 +37,11 @@ def test_worker_that_never_joins_times_out():
 def mismatch_records(tmp_path_factory):
     """One 2-worker run of every step of mismatched_settings.py: what each worker recorded."""
     out = tmp_path_factory.mktemp("mismatch")
-    steps = ("levels", "set_compression", "version", "schedule")
+    steps = ("create", "levels", "set_compression", "version", "schedule")
     result = launch(
         [sys.executable, str(WORKERS / "mismatched_settings.py")]
-        + ["--steps", ",".join(steps), "--record", str(out)],
+        + ["--steps", ",".join(steps), "--record", str(out)]
+        + ["--compression", "qsgd", "--aggregation", "two_stage,allgather"],
         2,
         timeout=150,
         env={"PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "2"},
@@ -85,3 +86,12 @@ def test_compression_schedules_that_differ_stop_every_worker(mismatch_records):
     for worker in range(2):
         message = mismatch_records[worker, "schedule"]
         assert "option 'schedule.starts' is [0, 1] on worker 0 and [0, 2] on worker 1" in message
+
+
+def test_different_aggregation_modes_stop_every_worker(mismatch_records):
+    """two_stage on worker 0, allgather on worker 1: both name the mode."""
+    for worker in range(2):
+        message = mismatch_records[worker, "create"]
+        assert "compression settings differ across workers" in message, message
+        assert "option 'aggregation.mode' is 'two_stage' on worker 0" in message, message
+        assert "'allgather' on worker 1" in message, message
