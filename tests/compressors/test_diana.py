@@ -542,10 +542,12 @@ def test_example_under_the_launcher_matches_the_simulation(tmp_path):
     """The example's 4 real workers reach the same conclusion, with the same curves."""
     example = _load_example()
     problem = example.load_problem()
-    iterations = 450  # DIANA passes 1e-6 at iteration 397
+    # 250 iterations (DIANA passes 1e-6 at 397: the in-process test above
+    # goes that far): DIANA 8.2e-5, plain quantized SGD still above 0.06.
+    iterations = 250
     curves = example.run_launcher(iterations, tmp_path, timeout=400)
-    assert curves["diana"][-1] <= 1e-6
-    assert curves["plain"][iterations // 2 :].min() >= 1e-3
+    assert curves["diana"][-1] <= 1e-3
+    assert curves["plain"][iterations // 2 :].min() >= 1e-2
     # Same seeds, tensor key and replica indices: the same noise, hence the same
     # curves (bit for bit on CPU).
     for method in example.METHODS:

@@ -19,7 +19,8 @@ reported, and starts a fresh child on another seed stream.
 Memory: before each chunk of a family's payloads the child resets its peak
 resident set size (``/proc/self/clear_refs``) and reads it after
 (``VmHWM``); the table shows the largest per family, the child's RSS after
-setup, and ``getrusage(RUSAGE_CHILDREN).ru_maxrss`` over all children.
+setup, and the largest ``ru_maxrss`` of the run's children (each reaped
+with ``os.wait4``, which gives that child's own figure).
 
 Outcomes of one payload (decoded by kernel and reference when the family
 has a kernel):
@@ -98,7 +99,8 @@ class FuzzReport:
         seconds: wall time of the run.
         setup_rss_kb: the largest RSS of a child after its setup (TensorFlow,
             the op library, the traced decoders), before any fuzzing.
-        children_max_rss_kb: ``ru_maxrss`` of all children (killed ones too).
+        children_max_rss_kb: the largest ``ru_maxrss`` of this run's children
+            (killed ones too).
         workers: child processes at a time.
         restarts: children started after a crash or hang.
     """
@@ -443,6 +445,24 @@ def run(
                 )
             return done
 
+        def reap(process: subprocess.Popen) -> int | None:
+            """The child's exit code once it has ended (None before), noting its peak RSS.
+
+            ``os.wait4`` gives this child's own ``ru_maxrss``; ``RUSAGE_CHILDREN``
+            would also count every earlier child of this process (a test
+            session's worker processes, for instance).
+            """
+            nonlocal children_rss
+            if process.returncode is not None:
+                return process.returncode
+            pid, status, usage = os.wait4(process.pid, os.WNOHANG)
+            if pid == 0:
+                return None
+            children_rss = max(children_rss, usage.ru_maxrss)
+            process.returncode = os.waitstatus_to_exitcode(status)
+            return process.returncode
+
+        children_rss = 0
         for c in range(workers):
             launch(remaining // workers + (1 if c < remaining % workers else 0))
         last_report = start
@@ -450,7 +470,7 @@ def run(
             time.sleep(0.2)
             now = time.monotonic()
             for child in list(running):
-                code = child.process.poll()
+                code = reap(child.process)
                 phase, _, _, reported = _read_status(child.status)
                 outcome = None
                 if code is None:
@@ -460,7 +480,8 @@ def run(
                     since = child.started if phase == 0 else child.last_progress
                     if now - since > limit:
                         child.process.kill()
-                        child.process.wait()
+                        while reap(child.process) is None:
+                            time.sleep(0.05)
                         outcome = "hangs"
                     else:
                         continue
@@ -480,7 +501,6 @@ def run(
                     merged[n]["payloads"] for n in merged
                 )
                 progress(done, now - start)
-    children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     table = {
         name: {
             **{c: int(merged[name][c]) for c in COUNTERS},
@@ -494,7 +514,7 @@ def run(
         samples={n: dict(s) for n, s in samples.items() if s},
         seconds=time.monotonic() - start,
         setup_rss_kb=setup_rss,
-        children_max_rss_kb=children,
+        children_max_rss_kb=children_rss,
         workers=workers,
         restarts=restarts,
     )
