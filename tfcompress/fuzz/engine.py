@@ -19,8 +19,11 @@ reported, and starts a fresh child on another seed stream.
 Memory: before each chunk of a family's payloads the child resets its peak
 resident set size (``/proc/self/clear_refs``) and reads it after
 (``VmHWM``); the table shows the largest per family, the child's RSS after
-setup, and the largest ``ru_maxrss`` of the run's children (each reaped
-with ``os.wait4``, which gives that child's own figure).
+setup, and the largest peak RSS of any child: the child reports its own
+(``VmHWM`` after setup and per chunk), and the parent samples ``VmHWM`` of
+every running child, so a child killed mid-allocation counts too. Not
+``ru_maxrss``: the kernel keeps the high-water mark of the memory a child
+had before ``exec``, a copy of the parent's (a test session's gigabytes).
 
 Outcomes of one payload (decoded by kernel and reference when the family
 has a kernel):
@@ -51,7 +54,6 @@ import json
 import mmap
 import os
 import pathlib
-import resource
 import signal
 import struct
 import subprocess
@@ -99,8 +101,8 @@ class FuzzReport:
         seconds: wall time of the run.
         setup_rss_kb: the largest RSS of a child after its setup (TensorFlow,
             the op library, the traced decoders), before any fuzzing.
-        children_max_rss_kb: the largest ``ru_maxrss`` of this run's children
-            (killed ones too).
+        children_max_rss_kb: the largest peak RSS (``VmHWM``) of this run's
+            children, killed ones included (sampled while they run).
         workers: child processes at a time.
         restarts: children started after a crash or hang.
     """
@@ -126,14 +128,15 @@ def _peak_rss_reset() -> None:
         pathlib.Path("/proc/self/clear_refs").write_text("5")
 
 
-def _peak_rss_kb() -> int:
+def _peak_rss_kb(pid: int | str = "self") -> int:
+    """The peak RSS of a process since its last reset (0 once it has gone)."""
     try:
-        for line in pathlib.Path("/proc/self/status").read_text().splitlines():
+        for line in pathlib.Path(f"/proc/{pid}/status").read_text().splitlines():
             if line.startswith("VmHWM:"):
                 return int(line.split()[1])
     except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return 0
+    return 0
 
 
 def _rss_kb() -> int:
@@ -176,6 +179,7 @@ def _child(config: dict) -> int:
     samples = {f.name: collections.defaultdict(list) for f in families}
     max_rss = dict.fromkeys(counts, 0)
     setup_rss = _rss_kb()
+    child_peak = _peak_rss_kb()
 
     def decode(family, case, implementation, eager):
         try:
@@ -230,6 +234,7 @@ def _child(config: dict) -> int:
             },
             "samples": {name: dict(found) for name, found in samples.items()},
             "setup_rss_kb": setup_rss,
+            "peak_rss_kb": child_peak,
             "final": final,
         }
         path = pathlib.Path(config["results"])
@@ -299,6 +304,7 @@ def _child(config: dict) -> int:
                         changed_by_mutation[family.name][mutation] += 1
                         note(family.name, "changed", mutation, index, f"output {output.shape}")
             max_rss[family.name] = max(max_rss[family.name], _peak_rss_kb())
+            child_peak = max(child_peak, max_rss[family.name])
             if time.monotonic() - last_flush > 2.0:
                 flush(False)
                 last_flush = time.monotonic()
@@ -414,7 +420,7 @@ def run(
 
         def absorb(child: _Child, outcome: str | None, stderr: str) -> int:
             """Adds a finished child's results; returns the payloads it did."""
-            nonlocal setup_rss
+            nonlocal setup_rss, children_rss
             results = _read_results(child.results) or {"families": {}, "samples": {}}
             done = 0
             for name, found in results["families"].items():
@@ -428,6 +434,7 @@ def run(
                     room = _MAX_SAMPLES - len(samples[name][outcome_name])
                     samples[name][outcome_name].extend(found[: max(room, 0)])
             setup_rss = max(setup_rss, results.get("setup_rss_kb", 0))
+            children_rss = max(children_rss, results.get("peak_rss_kb", 0))
             if outcome is not None:
                 phase, family_number, index, reported = _read_status(child.status)
                 name = names[family_number] if 0 <= family_number < len(names) else "(setup)"
@@ -446,21 +453,10 @@ def run(
             return done
 
         def reap(process: subprocess.Popen) -> int | None:
-            """The child's exit code once it has ended (None before), noting its peak RSS.
-
-            ``os.wait4`` gives this child's own ``ru_maxrss``; ``RUSAGE_CHILDREN``
-            would also count every earlier child of this process (a test
-            session's worker processes, for instance).
-            """
+            """The child's exit code once it has ended (None before), sampling its peak RSS."""
             nonlocal children_rss
-            if process.returncode is not None:
-                return process.returncode
-            pid, status, usage = os.wait4(process.pid, os.WNOHANG)
-            if pid == 0:
-                return None
-            children_rss = max(children_rss, usage.ru_maxrss)
-            process.returncode = os.waitstatus_to_exitcode(status)
-            return process.returncode
+            children_rss = max(children_rss, _peak_rss_kb(process.pid))
+            return process.poll()
 
         children_rss = 0
         for c in range(workers):
