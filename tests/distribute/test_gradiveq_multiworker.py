@@ -223,16 +223,12 @@ def test_two_workers_bit_identical_bases_schedule_and_mismatch_fallback(tmp_path
 def test_two_workers_fashion_mnist_accuracy_close_to_uncompressed(tmp_path):
     """Warm-up 50, blocks of 20 sampling + 80 compressed steps, 300 steps (the issue's
     schedule): within 1.5 points of uncompressed with >= 3.3x fewer bytes sent."""
-    results = {}
-    for compression in ("none", "gradiveq"):
-        out = tmp_path / compression
-        out.mkdir()
-        run_workers(
-            "gradiveq_worker.py",
-            ["--mode", "fit", "--compression", compression, "--out", str(out)],
-            timeout=400,
-        )
-        results[compression] = json.loads(str(load(out, 0)["summary"]))
+    run_workers(
+        "gradiveq_worker.py",
+        ["--mode", "fit", "--compression", "none,gradiveq", "--out", str(tmp_path)],
+        timeout=600,
+    )
+    results = json.loads((tmp_path / "worker0.json").read_text())
     base, ours = results["none"]["accuracy"], results["gradiveq"]["accuracy"]
     ratio = results["none"]["bytes_sent"] / results["gradiveq"]["bytes_sent"]
     print(f"test accuracy: uncompressed {base:.4f}, GradiVeQ {ours:.4f}; {ratio:.2f}x; {results}")
