@@ -412,19 +412,26 @@ def test_mirrored_aggregation_is_the_sum_of_decoded_payloads():
 # --- real 2-worker training ------------------------------------------------------------------
 
 
-_runs: dict[tuple[str, ...], dict] = {}
+# Every 2-worker run of this module, in one launch (set_compression between them).
+_RUNS = ("topk", "deepreduce:varint:raw", "deepreduce:bloom:raw", "embedding")
+_runs: dict[str, dict] = {}
 
 
-def _train(tmp_path_factory, variant, *extra):
-    """One 2-worker run of tests/workers/deepreduce_worker.py (cached per arguments)."""
-    args = ("--variant", variant, "--seed", str(training_seed()), *extra)
-    if args not in _runs:
-        out = tmp_path_factory.mktemp(variant)
-        run_workers("deepreduce_worker.py", [*args, "--out", str(out)])
+def _train(tmp_path_factory, run):
+    """The results of one run of tests/workers/deepreduce_worker.py (all run once)."""
+    if not _runs:
+        out = tmp_path_factory.mktemp("deepreduce")
+        run_workers(
+            "deepreduce_worker.py",
+            ["--runs", ",".join(_RUNS), "--seed", str(training_seed()), "--steps", "60"]
+            + ["--out", str(out)],
+            timeout=600,
+        )
         results = [json.loads((out / f"worker{i}.json").read_text()) for i in range(2)]
-        assert results[0]["checksum"] == results[1]["checksum"]  # identical models
-        _runs[args] = results[0]
-    return _runs[args]
+        for name in _RUNS:  # identical models on both workers
+            assert results[0][name]["checksum"] == results[1][name]["checksum"], name
+        _runs.update(results[0])
+    return _runs[run]
 
 
 @pytest.mark.slow
@@ -435,8 +442,8 @@ def test_two_worker_fit_with_lossless_codecs_is_topk_bit_for_bit(tmp_path_factor
     and the two runs follow one trajectory: compared exactly, on whatever
     processor runs them (unlike accuracies across processors).
     """
-    topk = _train(tmp_path_factory, "topk", "--steps", "60")
-    lossless = _train(tmp_path_factory, "deepreduce", "--steps", "60", "--index-codec", "varint")
+    topk = _train(tmp_path_factory, "topk")
+    lossless = _train(tmp_path_factory, "deepreduce:varint:raw")
     assert lossless["loss"] == topk["loss"]
     assert lossless["checksum"] == topk["checksum"]
     assert lossless["accuracy"] == topk["accuracy"]
@@ -460,8 +467,8 @@ def test_two_worker_fit_with_bloom_p0_trains_like_topk(tmp_path_factory):
     TopK keeps and a little more; the trajectories still differ, and a 60-step
     run in the steep part of learning magnifies the kernels' rounding.
     """
-    topk = _train(tmp_path_factory, "topk", "--steps", "60")
-    bloom = _train(tmp_path_factory, "deepreduce", "--steps", "60", "--value-codec", "raw")
+    topk = _train(tmp_path_factory, "topk")
+    bloom = _train(tmp_path_factory, "deepreduce:bloom:raw")
     print("accuracy: topk", topk["accuracy"], "deepreduce", bloom["accuracy"])
     record_training("deepreduce/topk learned", topk["accuracy"], lower=LEARNED_ACCURACY)
     record_training(
@@ -479,7 +486,7 @@ def test_two_worker_fit_with_bloom_p0_trains_like_topk(tmp_path_factory):
 
 @pytest.mark.slow
 def test_two_worker_embedding_trains_with_indexed_slices_encoded(tmp_path_factory):
-    result = _train(tmp_path_factory, "embedding", "--steps", "40")
+    result = _train(tmp_path_factory, "embedding")
     stats = result["stats"]
     print("embedding run:", stats, "loss", result["loss"])
     # The embedding table (2000 x 16 float32) is the only tensor above min_size:
