@@ -33,7 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     Returns:
         The parser; each subcommand's namespace carries its ``run_from_args`` as
-        ``run``.
+        ``run``, and the ``error`` of the innermost parser that read it (a
+        subcommand may nest its own) as ``usage_error``.
     """
     parser = argparse.ArgumentParser(
         prog="tfcompress",
@@ -47,6 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
             help=summary,
             description=(module.__doc__ or summary).strip().splitlines()[0],
         )
+        # Before configure_parser, so that a nested parser's own takes precedence.
+        subparser.set_defaults(usage_error=subparser.error)
         module.configure_parser(subparser)
         subparser.set_defaults(run=module.run_from_args)
     return parser
@@ -61,7 +64,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     Returns:
         The exit status.
     """
-    args = build_parser().parse_args(sys.argv[1:] if argv is None else list(argv))
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(sys.argv[1:] if argv is None else list(argv))
+    if unknown:
+        # The subcommand's usage, not the top level's: the flag is wrong for it.
+        args.usage_error(f"unrecognized arguments: {' '.join(unknown)}")
     return args.run(args)
 
 
