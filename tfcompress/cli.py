@@ -48,11 +48,24 @@ def build_parser() -> argparse.ArgumentParser:
             help=summary,
             description=(module.__doc__ or summary).strip().splitlines()[0],
         )
-        # Before configure_parser, so that a nested parser's own takes precedence.
-        subparser.set_defaults(usage_error=subparser.error)
         module.configure_parser(subparser)
         subparser.set_defaults(run=module.run_from_args)
+        _set_usage_errors(subparser)
     return parser
+
+
+def _set_usage_errors(parser: argparse.ArgumentParser) -> None:
+    """Gives ``parser`` and every parser nested in it its own ``usage_error`` default.
+
+    At parse time the innermost parser's default wins, so that a wrong flag, and any
+    error a subcommand reports through ``args.usage_error``, comes with the usage of
+    the command as typed (``tfcompress bench aggregate``), not of its parent.
+    """
+    parser.set_defaults(usage_error=parser.error)
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for nested in action.choices.values():
+                _set_usage_errors(nested)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -158,9 +158,9 @@ def usage_error(args: argparse.Namespace, benchmark: str, message: str) -> int:
     """Reports a bad argument of ``tfcompress bench BENCHMARK``.
 
     Args:
-        args: The parsed arguments; with ``usage_error`` (set by the benchmark's
-            parser, see :mod:`tfcompress.bench.command`), that reports ``message``
-            with the usage and exits 2, as argparse does.
+        args: The parsed arguments; with ``usage_error`` (the benchmark parser's
+            ``error``, which ``tfcompress`` sets, see :mod:`tfcompress.cli`), that
+            reports ``message`` with the usage and exits 2, as argparse does.
         benchmark: The benchmark's name, for the one-line report without a parser.
         message: One line naming the option.
 

@@ -57,10 +57,6 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     _configure_train(benchmarks)
     _configure_gradiveq(benchmarks)
     _configure_deepreduce(benchmarks)
-    for benchmark in benchmarks.choices.values():
-        # The benchmark's own usage for its errors: an unknown flag (tfcompress/cli.py)
-        # and the checks its main makes before running (arguments.usage_error).
-        benchmark.set_defaults(usage_error=benchmark.error)
 
 
 def _configure_aggregate(benchmarks) -> None:
