@@ -33,7 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     Returns:
         The parser; each subcommand's namespace carries its ``run_from_args`` as
-        ``run``.
+        ``run``, and the ``error`` of the innermost parser that read it (a
+        subcommand may nest its own) as ``usage_error``.
     """
     parser = argparse.ArgumentParser(
         prog="tfcompress",
@@ -49,7 +50,22 @@ def build_parser() -> argparse.ArgumentParser:
         )
         module.configure_parser(subparser)
         subparser.set_defaults(run=module.run_from_args)
+        _set_usage_errors(subparser)
     return parser
+
+
+def _set_usage_errors(parser: argparse.ArgumentParser) -> None:
+    """Gives ``parser`` and every parser nested in it its own ``usage_error`` default.
+
+    At parse time the innermost parser's default wins, so that a wrong flag, and any
+    error a subcommand reports through ``args.usage_error``, comes with the usage of
+    the command as typed (``tfcompress bench aggregate``), not of its parent.
+    """
+    parser.set_defaults(usage_error=parser.error)
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for nested in action.choices.values():
+                _set_usage_errors(nested)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -61,7 +77,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     Returns:
         The exit status.
     """
-    args = build_parser().parse_args(sys.argv[1:] if argv is None else list(argv))
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(sys.argv[1:] if argv is None else list(argv))
+    if unknown:
+        # The subcommand's usage, not the top level's: the flag is wrong for it.
+        args.usage_error(f"unrecognized arguments: {' '.join(unknown)}")
     return args.run(args)
 
 

@@ -320,6 +320,33 @@ def test_module_cli_usage_errors():
     assert "cannot start" in completed.stderr
 
 
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["-n", "2"], "no worker command given (after '--', e.g. -- python train.py)"),
+        (["-n", "2", "--"], "no worker command given"),
+        (["-n", "3", "--port-base", "65534", "--", "true"], "--port-base 65534: ports P to P+2"),
+        (["-n", "2", "--latency", "5", "--", "true"], "--latency needs --bandwidth"),
+        (["-n", "255", "--bandwidth", "1gbit", "--", "true"], "--num-workers 255: at most 254"),
+        (["-n", "0", "--", "true"], "argument -n/--num-workers: must be >= 1, got 0"),
+        (["-n", "2", "--bandwidth", "fast", "--", "true"], "argument --bandwidth: must be a rate"),
+        (["-n", "2", "--timeout", "0", "--", "true"], "argument --timeout: must be > 0"),
+    ],
+)
+def test_usage_errors_come_before_any_worker(monkeypatch, capsys, argv, message):
+    def no_launch(*args, **kwargs):
+        raise AssertionError("a worker would have started")
+
+    monkeypatch.setattr(launcher_module, "launch", no_launch)
+    monkeypatch.setattr(subprocess, "Popen", no_launch)
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main(["launch", *argv])
+    assert exit_info.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines[0].startswith("usage: tfcompress launch [-h] -n NUM_WORKERS")
+    assert lines[-1].startswith("tfcompress launch: error: ") and message in lines[-1]
+
+
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_signal_to_launcher_stops_workers(signum):
     worker = python_worker(

@@ -178,6 +178,20 @@ def test_invalid_arguments():
         launch(["true"], 255, bandwidth="1gbit", stream=None)
 
 
+def test_describe_says_what_is_set_up():
+    cluster = netns.BandwidthLimitedCluster(3, "12.5mbps", latency_ms=20)
+    stem = cluster.switch_namespace.removesuffix("-sw")
+    assert cluster.describe() == (
+        f"3 workers in network namespaces {stem}-w0..w2, each on a veth link to a bridge in "
+        f"{stem}-sw, shaped to 100 Mbit/s each way (tbf), 20 ms one-way delay (netem)"
+    )
+    cluster.addresses = ["10.213.9.1", "10.213.9.2", "10.213.9.3"]  # as open() sets them
+    assert f"{stem}-w0..w2 (10.213.9.1..10.213.9.3), each" in cluster.describe()
+    single = netns.BandwidthLimitedCluster(1, "1gbit").describe()
+    assert single.startswith("1 worker in network namespace tfc-")
+    assert single.endswith("shaped to 1 Gbit/s each way (tbf), no added delay")
+
+
 def test_not_root_is_reported(monkeypatch, capsys):
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     message = (
@@ -213,6 +227,37 @@ def test_cli_usage_errors():
 
 
 # With namespaces.
+
+
+@requires_netns
+def test_the_network_is_announced_before_the_workers_start(tmp_path, capsys, leaves_nothing_behind):
+    started = tmp_path / "started"
+    worker = python_worker(f"import pathlib; pathlib.Path({str(started)!r}).touch()")
+
+    class Messages:
+        lines = []
+
+        def write(self, text):
+            self.lines.append((text, started.exists()))
+
+        def flush(self):
+            pass
+
+    messages = Messages()
+    # No --latency: the delay needs sch_netem, which not every kernel has (see below).
+    result = launch(worker, 2, timeout=30, bandwidth="100mbit", stream=None, messages=messages)
+    assert result.returncode == 0, result.format_logs()
+    assert started.exists()
+    [(line, worker_started)] = messages.lines
+    assert not worker_started
+    assert line.startswith("tfcompress launch: bandwidth-limited network: 2 workers in network ")
+    assert "-w0..w1 (10.213." in line and "shaped to 100 Mbit/s each way" in line
+    assert line.endswith(" each way (tbf), no added delay\n")
+    # tfcompress launch prints it on stderr
+    assert cli_main(["launch", "-n", "1", "--bandwidth", "1gbit", "--", "true"]) == 0
+    err = capsys.readouterr().err
+    assert "tfcompress launch: bandwidth-limited network: 1 worker in network namespace " in err
+    assert "shaped to 1 Gbit/s each way (tbf), no added delay" in err
 
 
 @requires_netns

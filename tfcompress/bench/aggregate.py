@@ -145,12 +145,18 @@ import argparse
 import json
 import os
 import pathlib
-import re
 import statistics
 import sys
 import tempfile
 import time
 from typing import NamedTuple
+
+from tfcompress.bench.arguments import (
+    LOOPBACK,
+    check_names,
+    check_network,
+    usage_error,
+)
 
 __all__ = [
     "AGGREGATIONS",
@@ -524,13 +530,16 @@ def worker_main(argv: list[str]) -> int:
 
 def _rate_bits_per_second(rate: str) -> float | None:
     from tfcompress.bench.cluster import TF_CONFIG_LINK  # noqa: PLC0415
+    from tfcompress.launch.netns import parse_rate  # noqa: PLC0415
 
-    if rate in ("none", TF_CONFIG_LINK):  # loopback, or a TF_CONFIG cluster's unknown links
+    if rate in (LOOPBACK, TF_CONFIG_LINK):  # loopback, or a TF_CONFIG cluster's unknown links
         return None
-    match = re.fullmatch(r"(\d+(?:\.\d+)?)([kmg]?)bit", rate.lower())
-    if not match:
-        raise ValueError(f"--bandwidth {rate!r}: use e.g. 100mbit, 1gbit or none")
-    return float(match.group(1)) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[match.group(2)]
+    try:
+        return float(parse_rate(rate))
+    except ValueError:
+        raise ValueError(
+            f"--bandwidth {rate!r}: use a rate like 100mbit or 1gbit, or {LOOPBACK}"
+        ) from None
 
 
 def wire_limit_seconds(row: dict, workers: int, rate: float) -> float:
@@ -547,17 +556,6 @@ def wire_limit_seconds(row: dict, workers: int, rate: float) -> float:
     return 8 * received / rate
 
 
-def check_names(given: list[str] | None, valid, option: str) -> str | None:
-    """An error message for the names of ``given`` not in ``valid`` (``None`` if all are)."""
-    unknown = [name for name in given or [] if name not in valid]
-    if not unknown:
-        return None
-    return (
-        f"{option}: unknown {', '.join(map(repr, unknown))}; valid names: "
-        f"{', '.join(map(repr, valid))} (quote names with spaces)"
-    )
-
-
 class _ProgressEcho:
     """The launcher's echo stream: passes worker 0's progress lines on to stderr."""
 
@@ -568,11 +566,6 @@ class _ProgressEcho:
 
     def flush(self) -> None:
         sys.stderr.flush()
-
-
-def _fail(message: str) -> int:
-    print(f"tfcompress bench aggregate: {message}", file=sys.stderr)
-    return 2
 
 
 def _echo_progress(line: str) -> None:
@@ -599,16 +592,21 @@ def main(args: argparse.Namespace) -> int:
         report_failure,
         run_as_task,
     )
+    from tfcompress.bench.models import MODELS  # noqa: PLC0415
     from tfcompress.launch import launch  # noqa: PLC0415
+
+    def fail(message: str) -> int:
+        return usage_error(args, "aggregate", message)
 
     aggregations = getattr(args, "aggregations", None)
     for given, valid, option in (
+        (args.models, MODELS, "--models"),
         (args.variants, VARIANTS, "--variants"),
         (aggregations, AGGREGATIONS, "--aggregations"),
     ):
         message = check_names(given, valid, option)
         if message:
-            return _fail(message)
+            return fail(message)
     variants = args.variants or list(DEFAULT_VARIANTS)
     aggregations = aggregations or list(DEFAULT_AGGREGATIONS)
     cluster = getattr(args, "cluster", None) or "local"
@@ -616,13 +614,13 @@ def main(args: argparse.Namespace) -> int:
     me = None
     if cluster == "tf_config":
         if args.workers is not None:
-            return _fail("--workers: with --cluster tf_config the workers are TF_CONFIG's")
+            return fail("--workers: with --cluster tf_config the workers are TF_CONFIG's")
         if rates is not None and len(rates) != 1:
-            return _fail("--bandwidth: with --cluster tf_config, one rate (your links')")
+            return fail("--bandwidth: with --cluster tf_config, one rate (your links')")
         try:
             me = read_tf_config()
         except ValueError as error:
-            return _fail(str(error))
+            return fail(str(error))
         worker_counts = [me.num_workers]
         rates = rates or [TF_CONFIG_LINK]
     else:
@@ -632,7 +630,14 @@ def main(args: argparse.Namespace) -> int:
         for rate in rates:
             _rate_bits_per_second(rate)  # a bad rate fails before any launch
     except ValueError as error:
-        return _fail(str(error))
+        return fail(str(error))
+    bad_count = next((n for n in worker_counts if n < 1), None)
+    if bad_count is not None:
+        return fail(f"--workers {bad_count}: must be >= 1")
+    if me is None:
+        message = check_network(rates, worker_counts)
+        if message:
+            return fail(message)
     is_chief = me is None or me.is_chief
     if is_chief:
         out = pathlib.Path(args.out or tempfile.mkdtemp(prefix="tfcompress-bench-aggregate-"))

@@ -5,11 +5,26 @@ tfcompress bench aggregate [--cluster local|tf_config] [--models ...] [--workers
 tfcompress bench train [--task cnn|mlp] [--cluster local|tf_config] [--variants ...] ...
 tfcompress bench gradiveq [--train-steps 30] [--sampling-steps 40] [--out DIR] [--plot]
 tfcompress bench deepreduce [--ratios 0.01 0.1] [--repeats 5] [--out DIR] [--plot]
+
+Every argument is checked before a worker starts or anything is timed (see
+:mod:`tfcompress.bench.arguments`): a bad one ends the command with the
+benchmark's usage and one line naming the option, exit status 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
+
+from tfcompress.bench.arguments import (
+    check_output,
+    fraction,
+    link_rate,
+    non_negative_int,
+    positive_float,
+    positive_int,
+    usage_error,
+)
 
 __all__ = ["configure_parser", "run_from_args"]
 
@@ -23,9 +38,13 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         description="Compress+decompress throughput in GB/s of float32 input per compressor.",
     )
     ops.add_argument(
-        "--sizes", type=int, nargs="+", default=[1_000_000, 25_000_000], help="elements per tensor"
+        "--sizes",
+        type=positive_int,
+        nargs="+",
+        default=[1_000_000, 25_000_000],
+        help="elements per tensor",
     )
-    ops.add_argument("--repeats", type=int, default=7, help="timed repetitions (median)")
+    ops.add_argument("--repeats", type=positive_int, default=7, help="timed repetitions (median)")
     ops.add_argument("--only", nargs="*", help="labels to run (default: all)")
     ops.add_argument(
         "--kernels-only",
@@ -48,6 +67,7 @@ def _configure_aggregate(benchmarks) -> None:
         DEFAULT_VARIANTS,
         VARIANTS,
     )
+    from tfcompress.bench.models import MODELS  # noqa: PLC0415
 
     agg = benchmarks.add_parser(
         "aggregate",
@@ -60,19 +80,22 @@ def _configure_aggregate(benchmarks) -> None:
     agg.add_argument(
         "--models",
         nargs="+",
+        choices=list(MODELS),
+        metavar="MODEL",
         default=["resnet20", "resnet18"],
-        help="gradient shapes of these models (resnet20, resnet18)",
+        help="gradient shapes of these models: " + ", ".join(MODELS),
     )
     _add_cluster_option(agg)
     agg.add_argument(
         "--workers",
-        type=int,
+        type=positive_int,
         nargs="+",
         default=None,
         help="worker counts, e.g. 2 4 8 (default 2 4; not with --cluster tf_config)",
     )
     agg.add_argument(
         "--bandwidth",
+        type=link_rate,
         nargs="+",
         default=None,
         help="link rates (tc syntax); 'none' for unlimited loopback (no root needed); default "
@@ -101,12 +124,12 @@ def _configure_aggregate(benchmarks) -> None:
     )
     agg.add_argument(
         "--repeats",
-        type=int,
+        type=positive_int,
         default=3,
         help="timed calls per row (median); phased rows: a whole sampling phase and "
         "max(REPEATS, 5) compressed calls (means)",
     )
-    agg.add_argument("--timeout", type=float, default=1800, help="seconds per launch")
+    agg.add_argument("--timeout", type=positive_float, default=1800, help="seconds per launch")
     agg.add_argument("--out", default=None)
     agg.add_argument("--plot", action="store_true")
 
@@ -144,12 +167,16 @@ def _configure_train(benchmarks) -> None:
     _add_cluster_option(train)
     train.add_argument(
         "--bandwidth",
+        type=link_rate,
         default=None,
         help="link rate (tc syntax), or 'none' for loopback (default 100mbit); with --cluster "
         "tf_config only a label for your links (nothing is limited)",
     )
     train.add_argument(
-        "--workers", type=int, default=None, help="(task) workers; not with --cluster tf_config"
+        "--workers",
+        type=positive_int,
+        default=None,
+        help="(task) workers; not with --cluster tf_config",
     )
     train.add_argument(
         "--variants",
@@ -159,28 +186,35 @@ def _configure_train(benchmarks) -> None:
         'labels with ", ", GradiVeQ and PowerSGD): '
         + ", ".join(map(repr, ALL_VARIANTS)).replace("%", "%%"),
     )
-    train.add_argument("--epochs", type=int, default=None, help="(task) epochs")
+    train.add_argument("--epochs", type=positive_int, default=None, help="(task) epochs")
     train.add_argument(
         "--steps-per-epoch",
-        type=int,
+        type=positive_int,
         default=None,
         help="(task) steps per epoch, one validation pass each (cnn: one pass over the data)",
     )
     train.add_argument(
-        "--train-size", type=int, default=None, help="(task) training images (0: all 60,000)"
+        "--train-size",
+        type=non_negative_int,
+        default=None,
+        help="(task) training images (0: all 60,000)",
     )
-    train.add_argument("--batch-size", type=int, default=None, help="(task) global batch size")
+    train.add_argument(
+        "--batch-size", type=positive_int, default=None, help="(task) global batch size"
+    )
     train.add_argument(
         "--validation-size",
-        type=int,
+        type=non_negative_int,
         default=None,
         help="(task) test images of each epoch's validation (0: all 10,000); the final "
         "accuracy is the whole test set's",
     )
     train.add_argument(
-        "--target", type=float, default=None, help="(task) test accuracy for 'time to'"
+        "--target", type=fraction, default=None, help="(task) test accuracy for 'time to'"
     )
-    train.add_argument("--timeout", type=float, default=1800, help="seconds per training run")
+    train.add_argument(
+        "--timeout", type=positive_float, default=1800, help="seconds per training run"
+    )
     train.add_argument("--out", default=None)
     train.add_argument("--plot", action="store_true")
 
@@ -192,24 +226,37 @@ def _configure_gradiveq(benchmarks) -> None:
         description="Compression ratio per layer and overall, compress/decompress time and "
         "pack overlap of GradiVeQ on a ResNet-20-style CNN trained on Fashion-MNIST.",
     )
-    gradiveq.add_argument("--train-steps", type=int, default=30, help="exact warm-up steps")
-    gradiveq.add_argument("--sampling-steps", type=int, default=40, help="L_t")
-    gradiveq.add_argument("--compressed-steps", type=int, default=10, help="L_c measured")
-    gradiveq.add_argument("--energy-loss", type=float, default=0.01, help="lambda")
-    gradiveq.add_argument("--slice-length", type=int, default=None, help="K (default: the rule)")
+    gradiveq.add_argument(
+        "--train-steps", type=non_negative_int, default=30, help="exact warm-up steps"
+    )
+    gradiveq.add_argument("--sampling-steps", type=positive_int, default=40, help="L_t")
+    gradiveq.add_argument("--compressed-steps", type=positive_int, default=10, help="L_c measured")
+    gradiveq.add_argument(
+        "--energy-loss", type=_energy_loss, default=0.01, help="lambda, in [0, 1)"
+    )
+    gradiveq.add_argument(
+        "--slice-length",
+        type=positive_int,
+        default=None,
+        help="K, a multiple of each conv kernel's D_in*F_out (default: the rule)",
+    )
     gradiveq.add_argument(
         "--sampling", default="qsgd", choices=["qsgd", "exact"], help="sampling aggregation"
     )
     gradiveq.add_argument(
-        "--max-components", type=int, default=None, help="cap on d (default: GradiVeQ's)"
+        "--max-components", type=positive_int, default=None, help="cap on d (default: GradiVeQ's)"
     )
     gradiveq.add_argument(
         "--error-feedback", action="store_true", help="error feedback on the projection residual"
     )
-    gradiveq.add_argument("--batch-size", type=int, default=128)
-    gradiveq.add_argument("--learning-rate", type=float, default=0.05)
-    gradiveq.add_argument("--packs", type=int, default=4, help="packs compared with 1 pack")
-    gradiveq.add_argument("--repeats", type=int, default=10, help="timed repetitions (median)")
+    gradiveq.add_argument("--batch-size", type=positive_int, default=128)
+    gradiveq.add_argument("--learning-rate", type=positive_float, default=0.05)
+    gradiveq.add_argument(
+        "--packs", type=positive_int, default=4, help="packs compared with 1 pack"
+    )
+    gradiveq.add_argument(
+        "--repeats", type=positive_int, default=10, help="timed repetitions (median)"
+    )
     gradiveq.add_argument("--out", default=None, help="folder for gradiveq.md/.json/.png")
     gradiveq.add_argument("--plot", action="store_true", help="also draw gradiveq.png")
 
@@ -223,17 +270,33 @@ def _configure_deepreduce(benchmarks) -> None:
         "sparsified gradients of a small CNN on Fashion-MNIST.",
     )
     deepreduce.add_argument(
-        "--ratios", type=float, nargs="+", default=[0.01, 0.1], help="top-r ratios"
+        "--ratios", type=fraction, nargs="+", default=[0.01, 0.1], help="top-r ratios, in (0, 1]"
     )
-    deepreduce.add_argument("--batch-size", type=int, default=128)
-    deepreduce.add_argument("--repeats", type=int, default=5, help="timed repetitions (median)")
+    deepreduce.add_argument("--batch-size", type=positive_int, default=128)
+    deepreduce.add_argument(
+        "--repeats", type=positive_int, default=5, help="timed repetitions (median)"
+    )
     deepreduce.add_argument("--only", nargs="*", help="combination labels to run (default: all)")
     deepreduce.add_argument("--out", default=None, help="folder for deepreduce.md/.json/.png")
     deepreduce.add_argument("--plot", action="store_true", help="also draw deepreduce.png")
 
 
+def _energy_loss(text: str) -> float:
+    """``--energy-loss``: GradiVeQ's lambda, the share of eigenvalue energy dropped."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"must be a number in [0, 1), got {text}")
+    return value
+
+
 def run_from_args(args: argparse.Namespace) -> int:
-    """Runs the chosen benchmark."""
+    """Runs the chosen benchmark, once its arguments are checked (exit status 2 if not)."""
+    message = check_output(args.out, args.plot)
+    if message:
+        return usage_error(args, args.benchmark, message)
     if args.benchmark == "ops":
         from tfcompress.bench import ops  # noqa: PLC0415 - TensorFlow only when running
 

@@ -35,6 +35,8 @@ import time
 import numpy as np
 import tensorflow as tf
 
+from tfcompress.bench.arguments import check_names, usage_error
+
 __all__ = ["COMBINATIONS", "cnn_model", "main", "measure", "real_gradients", "train_step_seconds"]
 
 # (label, index codec, index options, value codec, value options)
@@ -271,6 +273,9 @@ def _plot(rows: list[dict], path: pathlib.Path) -> None:
 
 def main(args: argparse.Namespace) -> int:
     """Runs the benchmark (``tfcompress bench deepreduce``)."""
+    message = check_names(args.only, [c[0] for c in COMBINATIONS], "--only")
+    if message:
+        return usage_error(args, "deepreduce", message)
     out = pathlib.Path(args.out) if args.out else None
     combos = [c for c in COMBINATIONS if not args.only or c[0] in args.only]
     gradients = real_gradients(batch_size=args.batch_size)

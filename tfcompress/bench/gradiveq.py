@@ -38,6 +38,8 @@ import time
 
 import numpy as np
 
+from tfcompress.bench.arguments import usage_error
+
 __all__ = ["main", "resnet20"]
 
 _DEVICES = ["/cpu:0", "/cpu:1"]
@@ -97,7 +99,6 @@ def main(args: argparse.Namespace) -> int:
     keras = tf.keras
     tf.random.set_seed(0)
     total_steps = args.train_steps + args.sampling_steps + args.compressed_steps
-    (x, y), _ = tfcompress.data.load_fashion_mnist(subset=args.batch_size * total_steps)
     model = resnet20(keras)
     optimizer = keras.optimizers.SGD(args.learning_rate, momentum=0.9)
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
@@ -113,17 +114,24 @@ def main(args: argparse.Namespace) -> int:
     }
     if args.max_components is not None:
         options["max_components"] = args.max_components
-    compressor = GradiVeQ(**options)
-    schedule = compressor.schedule(0, 1, None)
     chosen = [i for i, v in enumerate(variables) if v.shape.num_elements() >= 1024]
-    layers = {
-        i: compressor.bind(
-            TensorContext(
-                key=f"{variables[i].name}", shape=variables[i].shape, dtype=variables[i].dtype
+    try:
+        compressor = GradiVeQ(**options)
+        schedule = compressor.schedule(0, 1, None)
+        layers = {
+            i: compressor.bind(
+                TensorContext(
+                    key=f"{variables[i].name}", shape=variables[i].shape, dtype=variables[i].dtype
+                )
             )
-        )
-        for i in chosen
-    }
+            for i in chosen
+        }
+    except ValueError as error:
+        # The options were checked one by one; what is left is the slice length that
+        # does not fit a layer of the model, found before any data is read.
+        option = "" if args.slice_length is None else f"--slice-length {args.slice_length}: "
+        return usage_error(args, "gradiveq", f"{option}{error}")
+    (x, y), _ = tfcompress.data.load_fashion_mnist(subset=args.batch_size * total_steps)
 
     @tf.function
     def gradients(xb, yb):

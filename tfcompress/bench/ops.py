@@ -32,6 +32,7 @@ import tensorflow as tf
 import tfcompress
 from tfcompress import compressors as C
 from tfcompress import ops
+from tfcompress.bench.arguments import check_names, usage_error
 
 __all__ = ["CASES", "main", "measure"]
 
@@ -127,10 +128,9 @@ def _memcpy_seconds(n: int, repeats: int) -> float:
 def main(args: argparse.Namespace) -> int:
     labels = ["pack_signs", "pack_bits 4-bit", *list(_compressor_cases())]
     if args.only:
-        unknown = sorted(set(args.only) - set(labels))
-        if unknown:
-            print(f"unknown labels {unknown}; valid: {labels}", file=sys.stderr)
-            return 2
+        message = check_names(args.only, labels, "--only")
+        if message:
+            return usage_error(args, "ops", message)
         labels = [label for label in labels if label in args.only]
     kernel = ops.kernel_available()
     impls = ["kernel", "reference"] if kernel else ["reference"]

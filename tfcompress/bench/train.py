@@ -1,7 +1,9 @@
 """Time to accuracy: Fashion-MNIST training per compressor at a chosen link rate.
 
-Runs ``examples/fashion_mnist/train.py`` once per variant, with a validation
-pass on the test set after each epoch, and collects per-epoch curves:
+Runs the training program :mod:`tfcompress.bench.train_worker` (the program of
+``examples/fashion_mnist/train.py``, part of the package so that an installed
+tfcompress runs it without a source checkout) once per variant, with a
+validation pass on the test set after each epoch, and collects per-epoch curves:
 training steps, training time (validation excluded), bytes each worker handed
 to the collectives, loss and test accuracy. Writes a markdown table (final
 accuracy, steps, training time, seconds per step, time to reach the target
@@ -60,6 +62,14 @@ import sys
 import tempfile
 from typing import NamedTuple
 
+from tfcompress.bench.arguments import (
+    LOOPBACK,
+    check_names,
+    check_network,
+    link_rate,
+    usage_error,
+)
+
 __all__ = [
     "ALL_VARIANTS",
     "DEFAULT_VARIANTS",
@@ -70,6 +80,7 @@ __all__ = [
     "MLP_WARMUP_STEPS",
     "TASKS",
     "VARIANTS",
+    "WORKER_MODULE",
     "Task",
     "format_table",
     "main",
@@ -304,11 +315,20 @@ def resolve_settings(args: argparse.Namespace, task: Task) -> dict:
     return settings
 
 
+#: The training program each worker runs, a module of this package (no checkout needed).
+WORKER_MODULE = "tfcompress.bench.train_worker"
+
+
 def train_command(task: Task, label: str, settings: dict, curve: os.PathLike) -> list[str]:
-    """The train.py command line of one variant of ``task``."""
+    """The command line of the training program for one variant of ``task``.
+
+    The program is :data:`WORKER_MODULE`, run with ``python -m``: it is found the way
+    this module was, through the package, whatever the working directory.
+    """
     command = [
         sys.executable,
-        str(_train_script()),
+        "-m",
+        WORKER_MODULE,
         *task.variants[label],
         "--model",
         task.model,
@@ -328,19 +348,6 @@ def train_command(task: Task, label: str, settings: dict, curve: os.PathLike) ->
     return command
 
 
-def _train_script() -> pathlib.Path:
-    here = pathlib.Path(__file__).resolve()
-    script = here.parents[2] / "examples" / "fashion_mnist" / "train.py"
-    if not script.is_file():
-        raise FileNotFoundError(f"{script} not found (bench train needs a source checkout)")
-    return script
-
-
-def _fail(message: str) -> int:
-    print(f"tfcompress bench train: {message}", file=sys.stderr)
-    return 2
-
-
 def main(args: argparse.Namespace) -> int:
     """Runs the variants of ``--task`` and writes the table (and plot) on the chief.
 
@@ -348,7 +355,6 @@ def main(args: argparse.Namespace) -> int:
       0, 2 on a bad argument or ``TF_CONFIG`` (before anything runs), or the
       failed run's exit status.
     """
-    from tfcompress.bench.aggregate import check_names  # noqa: PLC0415
     from tfcompress.bench.cluster import (  # noqa: PLC0415
         TF_CONFIG_LINK,
         read_tf_config,
@@ -356,29 +362,41 @@ def main(args: argparse.Namespace) -> int:
         run_as_task,
     )
 
+    def fail(message: str) -> int:
+        return usage_error(args, "train", message)
+
     task_name = getattr(args, "task", None) or "cnn"
+    if task_name not in TASKS:
+        return fail(check_names([task_name], TASKS, "--task"))
     task = TASKS[task_name]
     message = check_names(args.variants, task.variants, f"--variants (task {task_name})")
     if message:
-        return _fail(message)
+        return fail(message)
     try:
         settings = resolve_settings(args, task)
     except ValueError as error:
-        return _fail(str(error))
+        return fail(str(error))
     cluster = getattr(args, "cluster", None) or "local"
     bandwidth = getattr(args, "bandwidth", None)
     if cluster == "tf_config":
         if getattr(args, "workers", None) is not None:
-            return _fail("--workers: with --cluster tf_config the workers are TF_CONFIG's")
+            return fail("--workers: with --cluster tf_config the workers are TF_CONFIG's")
         try:
             me = read_tf_config()
         except ValueError as error:
-            return _fail(str(error))
+            return fail(str(error))
         settings["workers"] = me.num_workers
         link = bandwidth or TF_CONFIG_LINK
     else:
         me = None
         link = bandwidth or "100mbit"
+        try:
+            link_rate(link)
+        except argparse.ArgumentTypeError as error:
+            return fail(f"--bandwidth {link!r}: {error}")
+        message = check_network([link], [settings["workers"]])
+        if message:
+            return fail(message)
     is_chief = me is None or me.is_chief
 
     from tfcompress.compressors import available  # noqa: PLC0415
@@ -413,7 +431,7 @@ def main(args: argparse.Namespace) -> int:
                 timeout=args.timeout,
                 stream=None,
                 env=env,
-                bandwidth=None if link == "none" else link,
+                bandwidth=None if link == LOOPBACK else link,
             )
             if run.returncode != 0:
                 print(run.format_logs(), file=sys.stderr)

@@ -105,7 +105,15 @@ class _CurrentStdout:
         return "sys.stdout"
 
 
+class _CurrentStderr:
+    """Default ``messages``: ``sys.stderr`` as it is when :func:`launch` is called."""
+
+    def __repr__(self) -> str:
+        return "sys.stderr"
+
+
 _CURRENT_STDOUT = _CurrentStdout()
+_CURRENT_STDERR = _CurrentStderr()
 
 
 @dataclasses.dataclass
@@ -274,6 +282,7 @@ def launch(
     latency_ms: float | None = None,
     exit_grace: float | None = DEFAULT_EXIT_GRACE,
     failure_grace: float = 0.0,
+    messages: TextIO | _CurrentStderr | None = _CURRENT_STDERR,
 ) -> LaunchResult:
     """Runs ``command`` as ``num_workers`` local workers and waits for all of them.
 
@@ -320,6 +329,9 @@ def launch(
             before they are stopped (default 0: at once): time for TensorFlow in each
             to notice the lost peer and fail with its own error. Workers that are
             stopped (SIGSTOP) are not waited for, and ``timeout`` still applies.
+        messages: Where the launcher writes its own notices: with ``bandwidth``, one
+            line saying what was set up (workers, namespaces, veth links, rate, delay),
+            before the workers start. Defaults to ``sys.stderr``; ``None`` for none.
 
     Returns:
         The run's :class:`LaunchResult`.
@@ -364,6 +376,8 @@ def launch(
         _check_program_exists(command[0], env, cwd)
     if isinstance(stream, _CurrentStdout):
         stream = sys.stdout
+    if isinstance(messages, _CurrentStderr):
+        messages = sys.stderr
 
     echo = _Echo(stream)
     log_lines: list[list[str]] = [[] for _ in range(num_workers)]
@@ -388,6 +402,7 @@ def launch(
                     watchdog.namespace(ip_program, name)
                 network.open()
                 hosts = network.addresses
+                _notify(messages, f"bandwidth-limited network: {network.describe()}")
             for index in range(num_workers):
                 process = subprocess.Popen(
                     command if network is None else network.command(index, command),
@@ -470,6 +485,14 @@ def launch(
         exit_grace=exit_grace,
         worker_exit_times=exit_times,
     )
+
+
+def _notify(messages: TextIO | None, line: str) -> None:
+    if messages is None:
+        return
+    with contextlib.suppress(OSError, ValueError):  # a closed stream must not stop the run
+        messages.write(f"tfcompress launch: {line}\n")
+        messages.flush()
 
 
 def _all_stopped(processes: Sequence[subprocess.Popen], returncodes: Sequence[int | None]) -> bool:
@@ -684,8 +707,11 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     """Adds the ``launch`` options and the worker command to ``parser``.
 
     Args:
-        parser: The parser of ``tfcompress launch`` or ``python -m tfcompress.launch``.
+        parser: The parser of ``tfcompress launch`` or ``python -m tfcompress.launch``;
+            :func:`run_from_args` reports bad combinations of options with its
+            ``error`` (its usage and one line, exit status 2).
     """
+    parser.set_defaults(usage_error=parser.error)
     parser.add_argument(
         "-n",
         "--num-workers",
@@ -772,26 +798,34 @@ def run_from_args(args: argparse.Namespace) -> int:
 
     Returns:
         The exit status for the launcher: see :attr:`LaunchResult.returncode`; 127 if
-        the command cannot be started, 130 on Ctrl-C, 2 on a usage error or when the
-        ``--bandwidth`` network cannot be set up here.
+        the command cannot be started, 130 on Ctrl-C, 2 when the ``--bandwidth``
+        network cannot be set up here, or on a bad combination of options when
+        ``args`` has no ``usage_error`` (else that exits 2 with the usage).
     """
     command = list(args.command)
     if command and command[0] == "--":
         command = command[1:]
     if not command:
-        _report("no worker command given; usage: tfcompress launch -n N -- CMD [ARG ...]")
-        return 2
+        return _usage_error(args, "no worker command given (after '--', e.g. -- python train.py)")
     ports = None
     if args.port_base is not None:
         ports = list(range(args.port_base, args.port_base + args.num_workers))
         if ports[-1] > 65535:
-            _report(f"--port-base {args.port_base} leaves no room for {args.num_workers} ports")
-            return 2
+            return _usage_error(
+                args,
+                f"--port-base {args.port_base}: ports P to P+{args.num_workers - 1} for "
+                f"{args.num_workers} workers end above 65535",
+            )
     bandwidth = getattr(args, "bandwidth", None)
     latency_ms = getattr(args, "latency", None)
     if latency_ms is not None and bandwidth is None:
-        _report("--latency needs --bandwidth (the network-namespace mode)")
-        return 2
+        return _usage_error(args, "--latency needs --bandwidth (the network-namespace mode)")
+    if bandwidth is not None and args.num_workers > netns.MAX_WORKERS:
+        return _usage_error(
+            args,
+            f"--num-workers {args.num_workers}: at most {netns.MAX_WORKERS} with --bandwidth "
+            "(one /24 of addresses)",
+        )
     try:
         result = launch(
             command,
@@ -816,6 +850,15 @@ def run_from_args(args: argparse.Namespace) -> int:
     if result.error:
         _report(result.error)
     return result.returncode
+
+
+def _usage_error(args: argparse.Namespace, message: str) -> int:
+    """Reports a bad argument: the parser's usage and one line (exits 2), else one line."""
+    usage_error = getattr(args, "usage_error", None)
+    if usage_error is not None:
+        usage_error(message)  # argparse's error: exits 2
+    _report(message)
+    return 2
 
 
 def _report(message: str) -> None:

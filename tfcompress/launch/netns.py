@@ -54,6 +54,7 @@ __all__ = [
     "BandwidthLimitedCluster",
     "NetnsError",
     "check_prerequisites",
+    "format_rate",
     "parse_rate",
     "qdisc_commands",
     "remove_stale_namespaces",
@@ -165,6 +166,26 @@ def parse_rate(text: str) -> int:
     if not _MIN_RATE <= rate <= _MAX_RATE:
         raise ValueError(f"--bandwidth must be between 1kbit and 1tbit, got {text!r}")
     return rate
+
+
+def format_rate(bits_per_second: float) -> str:
+    """Writes a rate in bits per second for people, in the largest unit that fits.
+
+    Args:
+        bits_per_second: The rate.
+
+    Returns:
+        e.g. ``"100 Mbit/s"``.
+
+    >>> format_rate(parse_rate("100mbit")), format_rate(parse_rate("1.5gbps"))
+    ('100 Mbit/s', '12 Gbit/s')
+    >>> format_rate(parse_rate("64kibit"))
+    '65.536 kbit/s'
+    """
+    for unit, size in (("Tbit/s", 1e12), ("Gbit/s", 1e9), ("Mbit/s", 1e6), ("kbit/s", 1e3)):
+        if bits_per_second >= size:
+            return f"{bits_per_second / size:g} {unit}"
+    return f"{bits_per_second:g} bit/s"
 
 
 def qdisc_commands(device: str, rate: int, latency_ms: float | None = None) -> list[list[str]]:
@@ -378,6 +399,39 @@ class BandwidthLimitedCluster:
                 _delete_namespace(self._ip, self._created.pop())
             with _registry_lock:
                 _open_clusters.discard(self)
+
+    def describe(self) -> str:
+        """One line saying what :meth:`open` set up: workers, namespaces, links, rate, delay.
+
+        Returns:
+            e.g. ``2 workers in network namespaces tfc-7-0-w0..w1 (10.213.7.1..10.213.7.2),
+            each on a veth link to a bridge in tfc-7-0-sw, shaped to 100 Mbit/s each way
+            (tbf), no added delay``; before :meth:`open`, without the addresses.
+        """
+        first, last = self.worker_namespaces[0], self.worker_namespaces[-1]
+        names = first if first == last else f"{first}..{last.rsplit('-', 1)[1]}"
+        where = ""
+        if self.addresses:
+            first_address, last_address = self.addresses[0], self.addresses[-1]
+            span = (
+                first_address
+                if first_address == last_address
+                else f"{first_address}..{last_address}"
+            )
+            where = f" ({span})"
+        delay = (
+            f"{self.latency_ms:g} ms one-way delay (netem)" if self.latency_ms else "no added delay"
+        )
+        workers = (
+            "1 worker in network namespace"
+            if self.num_workers == 1
+            else f"{self.num_workers} workers in network namespaces"
+        )
+        return (
+            f"{workers} {names}{where}, each on a veth link to a "
+            f"bridge in {self.switch_namespace}, shaped to {format_rate(self.rate)} each way "
+            f"(tbf), {delay}"
+        )
 
     def command(self, index: int, command: Sequence[str]) -> list[str]:
         """The command line that runs ``command`` as worker ``index``.
