@@ -34,7 +34,7 @@ def ancestors(op: tf.Operation) -> set[tf.Operation]:
 
 
 def all_reduce_step(strategy, values: np.ndarray):
-    """A traced step that all-reduces replica r's ``values[r]`` (and the traced function)."""
+    """A ``tf.function`` step in which replica r all-reduces ``values[r]``."""
     data = tf.constant(values)
 
     @tf.function
