@@ -1,6 +1,7 @@
 """CompressionMonitor: the Keras-free bookkeeping, in-process fits, and a 2-worker fit."""
 
 import json
+import logging
 import math
 import pathlib
 
@@ -106,8 +107,9 @@ def test_window_reads_the_gathered_counter_when_present():
 
 
 def test_figures_without_traffic_or_steps():
+    # nothing aggregated (one replica): nothing compressed, no NaN
     got = callbacks._figures(delta(0, 0, 0), steps=3, num_replicas=2, summable=True)
-    assert math.isnan(got["compression_ratio"]) and math.isnan(got["compressed_fraction"])
+    assert got["compression_ratio"] == 1.0 and got["compressed_fraction"] == 0.0
     assert got["bytes_sent_per_step"] == 0.0
     with pytest.raises(ValueError, match="steps"):
         callbacks._figures(delta(1, 1, 1), steps=0, num_replicas=2, summable=True)
@@ -190,6 +192,7 @@ def test_window_reads_summable_at_every_log():
         ({"log_every": 1.5}, "log_every"),
         ({"log_every": True}, "log_every"),
         ({"prefix": None}, "prefix"),
+        ({"compact": "yes"}, "compact"),
         ({"tensorboard": object()}, "TensorBoard"),
         ({"log_dir": "a", "tensorboard": type("TB", (), {"log_dir": "b"})()}, "not both"),
     ],
@@ -268,10 +271,13 @@ def test_keras3_fit_logs_progress_bar_history_and_tensorboard(tmp_path, capsys):
         ],
     )
     printed = capsys.readouterr().out
-    for name in FIGURES:
-        assert f"{PREFIX}{name}" in printed  # the progress bar shows every figure
+    # compact by default: the progress bar shows the ratio and the bytes sent only
+    shown = {name for name in (*FIGURES, "residual_norm") if f"{PREFIX}{name}" in printed}
+    assert shown == set(callbacks.COMPACT_FIGURES)
     logs = history.history
-    assert f"{PREFIX}residual_norm" in logs, sorted(logs)
+    # History has every figure, one value per epoch
+    for name in (*FIGURES, "residual_norm"):
+        assert len(logs.get(f"{PREFIX}{name}", ())) == 2, sorted(logs)
     for epoch, expected in enumerate(reference.epochs):
         assert logs[f"{PREFIX}bytes_sent_per_step"][epoch] == expected["bytes_sent"]
         # two replicas: the one other replica's padded blob is as large as our own
@@ -299,13 +305,13 @@ def test_keras3_fit_logs_progress_bar_history_and_tensorboard(tmp_path, capsys):
         )
 
 
-def test_tf_keras_fit_with_tensorboard_callback_and_steps_per_execution(tmp_path):
+def test_tf_keras_fit_with_tensorboard_callback_and_steps_per_execution(tmp_path, capsys):
     tf_keras = pytest.importorskip("tf_keras")
     compressor = tfcompress.compressors.DIANA(tfcompress.compressors.QSGD(bits=4))
     strategy = tfcompress.distribute.MirroredStrategy(DEVICES, compression=compressor, policy=64)
     model = build(tf_keras, strategy, steps_per_execution=2)
     tensorboard = tf_keras.callbacks.TensorBoard(str(tmp_path / "tb"))
-    monitor = CompressionMonitor(tensorboard=tensorboard, prefix="c_")
+    monitor = CompressionMonitor(tensorboard=tensorboard, prefix="c_", compact=False)
     fit_callbacks = [monitor]
     try:  # the TensorBoard callback itself needs the tensorboard package
         import tensorboard as _  # noqa: F401
@@ -313,7 +319,10 @@ def test_tf_keras_fit_with_tensorboard_callback_and_steps_per_execution(tmp_path
         fit_callbacks.append(tensorboard)
     except ImportError:
         pass
-    history = model.fit(X, Y, batch_size=32, epochs=2, verbose=0, callbacks=fit_callbacks)
+    history = model.fit(X, Y, batch_size=32, epochs=2, verbose=2, callbacks=fit_callbacks)
+    printed = capsys.readouterr().out
+    for name in (*FIGURES, "shift_norm"):
+        assert f"c_{name}" in printed  # compact=False: the epoch lines show every figure
     logs = history.history
     assert logs["c_shift_norm"][-1] > 0.0, sorted(logs)
     stats = tfcompress.distribute.traffic_stats(strategy)
@@ -323,6 +332,33 @@ def test_tf_keras_fit_with_tensorboard_callback_and_steps_per_execution(tmp_path
     # one batch-level log per execution of 2 steps, at the optimizer's step
     assert [step for step, _ in scalars["c_bytes_sent_per_step"]] == [2, 4, 6, 8]
     assert [v for _, v in scalars["c_epoch/shift_norm"]] == pytest.approx(logs["c_shift_norm"])
+
+
+def test_one_replica_warns_at_creation_and_shows_ratio_one(caplog, capsys):
+    import keras
+
+    def single_replica_warnings():
+        return [r.getMessage() for r in caplog.records if "single replica" in r.getMessage()]
+
+    with caplog.at_level(logging.WARNING):
+        tfcompress.distribute.MirroredStrategy(DEVICES, compression="fp16")
+        assert single_replica_warnings() == []
+        strategy = tfcompress.distribute.MirroredStrategy(DEVICES[:1], compression="fp16")
+        (message,) = single_replica_warnings()
+        for how in ("TF_CONFIG", "tfcompress launch -n N", "MirroredStrategy over several"):
+            assert how in message
+        caplog.clear()
+        model = build(keras, strategy)
+        history = model.fit(
+            X[:64], Y[:64], batch_size=32, epochs=1, verbose=1, callbacks=[CompressionMonitor()]
+        )
+        assert single_replica_warnings() == []  # once per strategy
+    assert "nan" not in capsys.readouterr().out
+    logs = history.history
+    assert logs[f"{PREFIX}compression_ratio"] == [1.0]
+    assert logs[f"{PREFIX}bytes_sent_per_step"] == [0.0]
+    assert logs[f"{PREFIX}compressed_fraction"] == [0.0]
+    assert all(math.isfinite(v) for k, vs in logs.items() if k.startswith(PREFIX) for v in vs)
 
 
 # -- two real workers -----------------------------------------------------------------------

@@ -13,6 +13,7 @@ NCCL on GPU); tfcompress only changes what is handed to them.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import itertools
 from collections.abc import Sequence
@@ -355,7 +356,10 @@ class CompressingCollectiveAllReduce(internal.CollectiveAllReduceHook):
 
         Packs are launched last unit first. A pack's compression waits for the
         previous pack's, so the collectives of pack ``p`` overlap the
-        compression of pack ``p + 1`` and the decoding of pack ``p - 1``. Two
+        compression of pack ``p + 1`` and the decoding of pack ``p - 1``. Each
+        stage reads its inputs through :func:`_after` the clock reading that
+        opens it, so what the timeline and the seconds counters measure is
+        that stage's work, in that order. Two
         stages: every pack's first stage (compression, all-to-all) is issued
         before any second stage, so the link stays busy while the shard owners
         decode, sum and re-compress.
@@ -377,7 +381,11 @@ class CompressingCollectiveAllReduce(internal.CollectiveAllReduceHook):
             with tf.control_dependencies(previous):
                 start = _timestamp_after([xs[i] for i in pack])
                 result = run(
-                    [bound[i] for i in pack], [xs[i] for i in pack], replica_id, options, start
+                    [bound[i] for i in pack],
+                    _after(start, [xs[i] for i in pack]),
+                    replica_id,
+                    options,
+                    start,
                 )
             previous = result["payload_tensors"]
             pending.append((pack, result))
@@ -411,6 +419,7 @@ class CompressingCollectiveAllReduce(internal.CollectiveAllReduceHook):
         between = tf.constant(0.0, tf.float64)
         for r in range(1, max(c.rounds for c in coders)):
             arrived = _timestamp_after(_payload_tensors(summed), compressed)
+            summed = _payloads_after(arrived, summed)
             active = [i for i, c in enumerate(coders) if c.rounds > r]
             for i in active:
                 own[i] = coders[i].next_round(r, own[i], summed[i])
@@ -423,6 +432,7 @@ class CompressingCollectiveAllReduce(internal.CollectiveAllReduceHook):
             for i, s in zip(active, round_sums, strict=True):
                 summed[i] = s
         received = _timestamp_after(_payload_tensors(summed), compressed)
+        own, summed = _payloads_after(received, own), _payloads_after(received, summed)
         decoded, k = [], 0
         for u, x, ps in zip(units, xs, payloads, strict=True):
             decoded.append(u.finish_all(own[k : k + len(ps)], summed[k : k + len(ps)], x))
@@ -462,6 +472,7 @@ class CompressingCollectiveAllReduce(internal.CollectiveAllReduceHook):
         for payload, ps in zip(payloads, gathered, strict=True):
             if payload.local is not None:
                 ps[me] = payload
+        gathered = [_payloads_after(received, ps) for ps in gathered]
         decoded = [
             (u.whole.aggregate_indexed_slices if sparse else u.whole.aggregate)(ps)
             for u, ps in zip(units, gathered, strict=True)
@@ -515,14 +526,17 @@ class CompressingCollectiveAllReduce(internal.CollectiveAllReduceHook):
         the same code, so all of them hold the bit-identical sum.
         """
         me = self._first_global_replica + replica_id
+        received = [_payloads_after(first["arrived"], ps) for ps in received]
         sums = [u.shards[me].aggregate(ps) for u, ps in zip(units, received, strict=True)]
         summed = _timestamp_after(sums, first["arrived"])
+        sums = _after(summed, sums)
         payloads = [u.second.compress(s) for u, s in zip(units, sums, strict=True)]
         recompressed = _timestamp_after(_payload_tensors(payloads), summed)
         gathered, sent = self._all_gather_payloads(payloads, replica_id, options)
         received2 = _timestamp_after(
             _payload_tensors([p for ps in gathered for p in ps]), recompressed
         )
+        gathered = [_payloads_after(received2, ps) for ps in gathered]
         decoded = []
         for u, ps, x in zip(units, gathered, xs, strict=True):
             decoded.append(aggregation.unshard([u.second.decompress(p) for p in ps], x))
@@ -561,6 +575,7 @@ class CompressingCollectiveAllReduce(internal.CollectiveAllReduceHook):
             state = [v for b in bound for v in b.variables]
             before = nonfinite.snapshot(state)
         start = _timestamp_after([v.values for v in values])
+        values = _after(start, values)
         units = [_UnitCompressors(whole=b) for b in bound]
         pack = self._all_gather_pack(units, values, replica_id, options, start, sparse=True)
         result, amounts = pack["decoded"], pack["amounts"]
@@ -871,6 +886,38 @@ def _timestamp_after(tensors: list, earlier: tf.Tensor | None = None) -> tf.Tens
     if earlier is not None:
         tensors = [*tensors, earlier]
     return timing.wall_clock_after(tensors)
+
+
+def _after(reading: tf.Tensor | None, values: list) -> list:
+    """``values`` (tensors or ``IndexedSlices``), available only once ``reading`` is taken.
+
+    A clock reading has the tensors it times as inputs, but the ops that
+    consume the same tensors would not wait for it: the executor may run a
+    stage's work before the reading that opens it, and the stage then
+    measures close to nothing. The identities (no copy) that carry a control
+    dependency on the reading make every op of the stage run after it.
+    Without a clock (``reading`` is ``None``) the values are returned as they are.
+    """
+    if reading is None:
+        return values
+    with tf.control_dependencies([reading]):
+        return [tf.identity(v) for v in values]
+
+
+def _payloads_after(reading: tf.Tensor | None, payloads: list[Payload]) -> list[Payload]:
+    """:func:`_after` for payloads: their tensors and their sender-side ``local`` tensors."""
+    if reading is None:
+        return payloads
+    return [
+        dataclasses.replace(
+            p,
+            tensors=dict(zip(p.tensors, _after(reading, list(p.tensors.values())), strict=True)),
+            local=None
+            if p.local is None
+            else dict(zip(p.local, _after(reading, list(p.local.values())), strict=True)),
+        )
+        for p in payloads
+    ]
 
 
 def _elapsed(start: tf.Tensor | None, end: tf.Tensor | None) -> tf.Tensor:

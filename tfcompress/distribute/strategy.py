@@ -173,6 +173,7 @@ def _install(strategy, compressor, policy, aggregation: Aggregation) -> None:
     )
     _say_when_two_stage_does_not_apply(handle)
     _point_keras3_users_to_the_fix(strategy)
+    _say_when_nothing_is_compressed(strategy)
 
 
 def _say_when_two_stage_does_not_apply(handle: CompressionHandle) -> None:
@@ -188,6 +189,25 @@ def _say_when_two_stage_does_not_apply(handle: CompressionHandle) -> None:
             "tfcompress: aggregation='two_stage' does not apply to %r (its payloads are not "
             "combined by a plain sum of flat tensors); it aggregates through the all-gather.",
             compressor,
+        )
+
+
+def _say_when_nothing_is_compressed(strategy) -> None:
+    """Warns (once: the strategy is made once) when a single replica makes compression moot.
+
+    With one replica in sync TensorFlow aggregates nothing: no collective
+    runs, so nothing is compressed, no byte is counted and
+    ``CompressionMonitor`` shows 0 bytes and a ratio of 1.0. One worker
+    without ``TF_CONFIG`` is the usual way to get there.
+    """
+    if strategy.num_replicas_in_sync == 1:
+        _log.warning(
+            "tfcompress: the strategy has a single replica (one worker without TF_CONFIG, or "
+            "one device), so TensorFlow aggregates nothing and nothing is compressed (traffic "
+            "stats stay 0, CompressionMonitor shows ratio 1.0). For several replicas: start "
+            "several workers with TF_CONFIG (on one machine: `tfcompress launch -n N -- python "
+            "train.py`), or use MirroredStrategy over several devices (GPUs, or CPU logical "
+            "devices from tf.config.set_logical_device_configuration)."
         )
 
 

@@ -30,7 +30,7 @@ from tfcompress import distribute
 from tfcompress.keras.schedule import CompressionSchedule
 from tfcompress.keras.state import strategy_of, tfcompress_strategy_of, track_compression_state
 
-__all__ = ["CompressionMonitor", "CompressionSchedule"]
+__all__ = ["COMPACT_FIGURES", "CompressionMonitor", "CompressionSchedule"]
 
 #: Counters of ``tfcompress.distribute.traffic_stats`` the monitor turns into rates.
 _COUNTERS = (
@@ -42,14 +42,21 @@ _COUNTERS = (
 )
 #: Bytes sent through the all-gather path, when the counters have it.
 _GATHERED = "bytes_gathered"
+#: The figures a compact monitor puts in the Keras logs (and so in the progress bar).
+COMPACT_FIGURES: tuple[str, ...] = ("compression_ratio", "bytes_sent_per_step")
 
 
 class CompressionMonitor(internal.TfKerasCallbackHooks, keras.callbacks.Callback):
-    """Adds compression figures to the Keras logs and, optionally, to TensorBoard.
+    """Adds compression figures to the Keras logs, ``History`` and, optionally, TensorBoard.
 
-    Every ``log_every`` training steps and at the end of every epoch, the logs
-    (what the progress bar prints and ``History`` records) get, under
-    ``prefix``, for this worker:
+    Every ``log_every`` training steps and at the end of every epoch, the
+    monitor computes, for this worker, the figures below (named with
+    ``prefix``). By default (``compact=True``) only ``compression_ratio`` and
+    ``bytes_sent_per_step`` go into the Keras ``logs``, so the progress bar
+    stays on one line; ``History`` and TensorBoard still get every figure.
+    With ``compact=False`` every figure goes into the ``logs`` (the progress
+    bar prints all of them, which makes it wrap on most terminals). The
+    figures:
 
     * ``bytes_sent_per_step``: bytes this worker's replicas handed to the
       collectives per step (payloads as sent, padding and size headers of the
@@ -75,15 +82,24 @@ class CompressionMonitor(internal.TfKerasCallbackHooks, keras.callbacks.Callback
       ``IndexedSlices`` count as if all-reduced. This is what the collective's
       *interface* delivers, not the bytes on the wire of its implementation (a
       ring all-reduce moves ``2 (N-1)/N`` of the tensor each way).
-    * ``compression_ratio``: ``delta(bytes_uncompressed) / delta(bytes_sent)``
-      (NaN when nothing was sent, e.g. with a single replica, where
-      TensorFlow skips the collectives).
+    * ``compression_ratio``: ``delta(bytes_uncompressed) / delta(bytes_sent)``;
+      1.0 when nothing was aggregated. That is what a single replica shows:
+      TensorFlow skips the collectives, nothing travels and nothing is
+      compressed (the strategy factories log a warning that says so and how
+      to get several replicas).
     * ``compressed_fraction``: ``delta(bytes_compressible) /
       delta(bytes_uncompressed)``, the part of the gradient bytes that the
-      policy gave to the compressor.
+      policy gave to the compressor; 0.0 when nothing was aggregated.
     * ``compress_ms_per_step`` and ``decompress_ms_per_step``: wall-clock time
-      measured in the graph with ``tf.timestamp`` around compression and around
-      decompression/aggregation, summed over tensors and local replicas.
+      read in the graph by the op library's clock
+      (:func:`tfcompress.ops.timing.wall_clock_after`, a stateless op that
+      reads the clock once its inputs are computed) from a pack's gradients
+      being ready to its payloads being ready, and from the collectives'
+      results being ready to the decoded sums being ready; the compression
+      and decoding ops take their inputs only after the opening reading, so
+      the interval holds their work. Summed over packs and local replicas
+      (overlapping packs add up); 0 without the op library (reference
+      implementation).
     * every entry of ``tfcompress.distribute.compression_metrics(strategy)``
       (e.g. ``residual_norm`` of error feedback, ``shift_norm`` of DIANA), as
       current values, not rates.
@@ -91,10 +107,17 @@ class CompressionMonitor(internal.TfKerasCallbackHooks, keras.callbacks.Callback
     Batch-level figures cover the steps since the previous log; epoch-level
     ones cover the epoch's training steps (validation traffic excluded). All
     counts are this worker's, so workers may print slightly different values
-    when payload sizes vary. ``History`` and TensorBoard hold these values;
-    tf-keras' progress bar prints, for keys that are not model metrics, the
-    mean of the values logged so far in the epoch (Keras 3's prints them as
-    logged).
+    when payload sizes vary. ``History`` and TensorBoard hold the epoch-level
+    values; tf-keras' progress bar prints, for keys that are not model
+    metrics, the mean of the values logged so far in the epoch (Keras 3's
+    prints them as logged).
+
+    Compact mode: the figures left out of the ``logs`` are added to the
+    ``History`` of the ``fit`` (``model.history``, what ``fit`` returns) once
+    Keras has recorded the epoch, i.e. at the next epoch's start and at the
+    end of training; callbacks that read the ``logs`` (``EarlyStopping``,
+    ``CSVLogger``, ``ModelCheckpoint(monitor=...)``) see only the compact
+    figures. Pass ``compact=False`` to give them every figure.
 
     TensorBoard: the chief writes the same figures as ``tf.summary`` scalars
     (``<prefix><name>`` at the optimizer's step, ``<prefix>epoch/<name>`` at
@@ -119,9 +142,13 @@ class CompressionMonitor(internal.TfKerasCallbackHooks, keras.callbacks.Callback
         ``tf_keras.callbacks.TensorBoard`` (anything with a ``log_dir``) of the
         same ``fit``, whose ``train`` run receives the scalars. Exclusive with
         ``log_dir``.
+      compact: put only :data:`COMPACT_FIGURES` (ratio and bytes sent per
+        step) in the Keras ``logs``, and the other figures in ``History``
+        only (default); ``False``: every figure in the ``logs``.
 
     Raises:
       ValueError: for ``log_every`` < 1, both ``log_dir`` and ``tensorboard``,
+        a ``compact`` that is not a bool,
         and, in ``on_train_begin``, when the model is not trained under a
         tfcompress strategy.
 
@@ -144,6 +171,7 @@ class CompressionMonitor(internal.TfKerasCallbackHooks, keras.callbacks.Callback
         log_dir: str | os.PathLike | None = None,
         prefix: str = "compression/",
         tensorboard=None,
+        compact: bool = True,
     ):
         super().__init__()
         if isinstance(log_every, bool) or not isinstance(log_every, int) or log_every < 1:
@@ -160,7 +188,10 @@ class CompressionMonitor(internal.TfKerasCallbackHooks, keras.callbacks.Callback
             )
         if not isinstance(prefix, str):
             raise ValueError(f"CompressionMonitor(prefix={prefix!r}) must be a str")
+        if not isinstance(compact, bool):
+            raise ValueError(f"CompressionMonitor(compact={compact!r}) must be a bool")
         self.log_every = log_every
+        self.compact = compact
         self.log_dir = None if log_dir is None else os.fspath(log_dir)
         self.prefix = prefix
         self.tensorboard = tensorboard
@@ -169,6 +200,8 @@ class CompressionMonitor(internal.TfKerasCallbackHooks, keras.callbacks.Callback
         self._writer: _ScalarWriter | None = None
         self._in_epoch = False
         self._step = 0
+        # Compact mode: (epoch, figures) left out of the logs, for History.
+        self._for_history: list[tuple[int, dict[str, float]]] = []
 
     # -- hooks -------------------------------------------------------------------------------
 
@@ -193,6 +226,7 @@ class CompressionMonitor(internal.TfKerasCallbackHooks, keras.callbacks.Callback
             log_every=self.log_every,
         )
         self._step = _optimizer_step(self.model)
+        self._for_history = []
         directory = self.log_dir
         if self.tensorboard is not None:
             directory = os.path.join(os.fspath(self.tensorboard.log_dir), "train")
@@ -200,6 +234,7 @@ class CompressionMonitor(internal.TfKerasCallbackHooks, keras.callbacks.Callback
             self._writer = _ScalarWriter(directory)
 
     def on_epoch_begin(self, epoch, logs=None):
+        self._add_to_history()
         self._window.start_epoch()
         self._in_epoch = True
 
@@ -221,19 +256,47 @@ class CompressionMonitor(internal.TfKerasCallbackHooks, keras.callbacks.Callback
         figures = self._window.epoch_figures()
         if figures is not None:
             self._publish(figures, logs, step=epoch, tag_prefix=f"{self.prefix}epoch/")
+            if self.compact:
+                self._for_history.append((epoch, self._left_out(figures)))
         if self._writer is not None:
             self._writer.flush()
 
     def on_train_end(self, logs=None):
+        self._add_to_history()
         if self._writer is not None:
             self._writer.close()
             self._writer = None
 
     def _publish(self, figures: Mapping[str, float], logs, step: int, tag_prefix: str) -> None:
         if logs is not None:
-            logs.update({f"{self.prefix}{name}": value for name, value in figures.items()})
+            left_out = self._left_out(figures)
+            shown = {n: v for n, v in figures.items() if n not in left_out}
+            logs.update({f"{self.prefix}{name}": value for name, value in shown.items()})
         if self._writer is not None:
             self._writer.write({f"{tag_prefix}{n}": v for n, v in figures.items()}, step)
+
+    def _left_out(self, figures: Mapping[str, float]) -> dict[str, float]:
+        """The figures that the logs do not get (compact mode: all but ``COMPACT_FIGURES``)."""
+        if not self.compact:
+            return {}
+        return {n: v for n, v in figures.items() if n not in COMPACT_FIGURES}
+
+    def _add_to_history(self) -> None:
+        """Compact mode: appends the epochs' left-out figures to the fit's ``History``.
+
+        Keras' ``History`` records an epoch's logs after this callback's
+        ``on_epoch_end`` (it comes later in the callback list) and only then
+        becomes ``model.history``, so the figures wait for the next hook.
+        An epoch the ``History`` has not recorded (no ``History`` in a
+        custom loop) is dropped.
+        """
+        history = getattr(self.model, "history", None)
+        records, epochs = getattr(history, "history", None), getattr(history, "epoch", None)
+        for epoch, figures in self._for_history:
+            if isinstance(records, dict) and isinstance(epochs, list) and epoch in epochs:
+                for name, value in figures.items():
+                    records.setdefault(f"{self.prefix}{name}", []).append(value)
+        self._for_history = []
 
 
 # -- Keras-free bookkeeping -------------------------------------------------------------------
@@ -355,8 +418,10 @@ def _figures(
     return {
         "bytes_sent_per_step": sent / steps,
         "bytes_received_per_step": received / steps,
-        "compression_ratio": uncompressed / sent if sent > 0 else math.nan,
-        "compressed_fraction": compressible / uncompressed if uncompressed > 0 else math.nan,
+        # Nothing aggregated (one replica): as many bytes sent as without
+        # tfcompress (none), and none of them compressed.
+        "compression_ratio": uncompressed / sent if sent > 0 else 1.0,
+        "compressed_fraction": compressible / uncompressed if uncompressed > 0 else 0.0,
         "compress_ms_per_step": 1000.0 * delta["compress_seconds"] / steps,
         "decompress_ms_per_step": 1000.0 * delta["decompress_seconds"] / steps,
     }
