@@ -52,6 +52,7 @@ if [ "$1" = "-E" ]; then
   if [ -n "$FAKE_CXX_NO_ZLIB" ] && grep -q "zlib.h"; then echo "fatal error: zlib.h: No such file" >&2; exit 1; fi
   exit 0
 fi
+if [ -n "$FAKE_CXX_KILLED" ]; then kill -9 $$; fi
 if [ -n "$FAKE_CXX_FAIL" ]; then
   echo "bitpack.cc:1:1: warning: something harmless" >&2
   echo "bitpack.cc:2:1: error: boom" >&2
@@ -240,6 +241,16 @@ def test_a_failed_build_is_remembered_until_forced(fake_compiler, monkeypatch):
     assert library.read_text() == "fake library"
     assert not marker.exists()
     assert _compiles(fake_compiler) > compiled
+
+
+def test_a_killed_compiler_is_not_remembered(fake_compiler, monkeypatch):
+    monkeypatch.setenv("FAKE_CXX_KILLED", "1")
+    with pytest.raises(ops.BuildError, match="killed by signal 9") as raised:
+        _build.build()
+    assert not raised.value.lasting
+    assert not (_build.library_path().parent / _build.FAILURE_MARKER).exists()
+    monkeypatch.delenv("FAKE_CXX_KILLED")
+    assert _build.build().read_text() == "fake library"
 
 
 def test_a_remembered_failure_is_reported_once_with_its_fix(fake_compiler, monkeypatch):
@@ -518,7 +529,14 @@ _PACKAGING = ("setup.py", "setup.cfg", "pyproject.toml", "README.md")
 
 
 @pytest.mark.slow
-def test_a_user_install_of_the_wheel_runs_kernels_from_its_package_data(kernel_library, tmp_path):
+def test_an_installed_wheel_runs_kernels_from_its_package_data(kernel_library, tmp_path):
+    """``pip install --user`` of a wheel, used from a fresh process outside the checkout.
+
+    The install goes to a scratch user base (or, in a virtual environment,
+    which hides user site-packages, to a scratch ``--prefix``). The installed
+    sources hash to the session's key, so the kernel comes from the session's
+    library: a cache hit, not a two-minute compile.
+    """
     # A copy, so that no stale build/ directory of the checkout goes into the wheel.
     source = tmp_path / "source"
     source.mkdir()

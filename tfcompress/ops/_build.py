@@ -140,6 +140,8 @@ class BuildError(RuntimeError):
             never ran).
         command: the command line that failed, or None.
         hint: what to do about it ("" when nothing specific helps).
+        lasting: whether the same build would fail again (a compiler error),
+            so that it is remembered; False when the compiler was killed.
     """
 
     def __init__(
@@ -148,11 +150,13 @@ class BuildError(RuntimeError):
         stderr: str = "",
         command: Sequence[str] | None = None,
         hint: str = "",
+        lasting: bool = True,
     ):
         super().__init__(message)
         self.stderr = stderr
         self.command = list(command) if command is not None else None
         self.hint = hint
+        self.lasting = lasting
 
 
 class CompilerNotFoundError(BuildError):
@@ -307,11 +311,12 @@ def build(force: bool = False, verbose: bool = False) -> pathlib.Path:
             _compile(config, library, verbose)
         except BuildError as error:
             seconds = time.monotonic() - started
-            _remember_failure(key_dir, config, error)
+            if error.lasting:
+                _remember_failure(key_dir, config, error)
             _log.warning(
-                "tfcompress: compiling the op library failed after %.0f s (remembered in %s)",
+                "tfcompress: compiling the op library failed after %.0f s%s",
                 seconds,
-                key_dir / FAILURE_MARKER,
+                f" (remembered in {key_dir / FAILURE_MARKER})" if error.lasting else "",
             )
             if not error.hint:
                 error.hint = _RETRY_HINT
@@ -578,8 +583,12 @@ def _missing_libraries(compiler: tuple[str, ...], domains: set[str] | None) -> t
     for library in _SYSTEM_LIBRARIES:
         if domains is not None and not domains & set(library.domains):
             continue
+        install_hint = library.install_hint
         if library.name in pretend:
             reason = f"${_WITHOUT_ENV_VAR} lists it"
+            install_hint = (
+                f"unset ${_WITHOUT_ENV_VAR} (and if {library.name} is missing: {install_hint})"
+            )
         elif not _header_found(compiler, library.header):
             reason = f"the compiler ({compiler[0]}) finds no <{library.header}>"
         else:
@@ -591,7 +600,7 @@ def _missing_libraries(compiler: tuple[str, ...], domains: set[str] | None) -> t
                 domains=library.domains,
                 what=library.what,
                 reason=reason,
-                install_hint=library.install_hint,
+                install_hint=install_hint,
             )
         )
     return tuple(missing)
@@ -687,6 +696,14 @@ def _run(command: list[str], what: str, verbose: bool) -> None:
         ) from error
     if verbose and result.stderr:
         print(result.stderr, file=sys.stderr, end="", flush=True)
+    if result.returncode < 0:  # killed (out of memory, interrupted): not the sources' fault
+        raise BuildError(
+            f"tfcompress: {what} was killed by signal {-result.returncode}",
+            stderr=result.stderr,
+            command=command,
+            hint="free memory (or build with fewer jobs in parallel) and run again",
+            lasting=False,
+        )
     if result.returncode != 0:
         raise BuildError(
             f"tfcompress: {what} failed (exit code {result.returncode}):\n"
