@@ -525,7 +525,7 @@ INSTALLED_SCRIPT = textwrap.dedent(
 )
 
 # What a wheel is built from: the packaging files and the two package trees.
-_PACKAGING = ("setup.py", "setup.cfg", "pyproject.toml", "README.md")
+_PACKAGING = ("setup.py", "setup.cfg", "pyproject.toml", "README.md", "LICENSE")
 
 
 @pytest.mark.slow
