@@ -25,6 +25,7 @@ _SUBCOMMANDS: tuple[tuple[str, str, str], ...] = (
     ("launch", "tfcompress.launch.launcher", "run a command as N local TensorFlow workers"),
     ("bench", "tfcompress.bench.command", "benchmarks: print tables, draw plots"),
     ("fuzz", "tfcompress.fuzz.command", "fuzz every payload decoder with mutated payloads"),
+    ("ops", "tfcompress.ops.__main__", "build or inspect the C++ op library"),
 )
 
 
@@ -39,6 +40,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tfcompress",
         description="Gradient compression for tf.distribute.MultiWorkerMirroredStrategy.",
+    )
+    parser.add_argument(
+        "--version",
+        action=_VersionAction,
+        help="print the versions of tfcompress, TensorFlow and Keras and the op library's state",
     )
     subparsers = parser.add_subparsers(title="commands", dest="subcommand", required=True)
     for name, module_name, summary in _SUBCOMMANDS:
@@ -66,6 +72,17 @@ def _set_usage_errors(parser: argparse.ArgumentParser) -> None:
         if isinstance(action, argparse._SubParsersAction):
             for nested in action.choices.values():
                 _set_usage_errors(nested)
+
+
+class _VersionAction(argparse.Action):
+    """``--version``: made when asked for (it reads the op cache), without importing TensorFlow."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        print(importlib.import_module("tfcompress.ops.__main__").version_text())
+        parser.exit()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

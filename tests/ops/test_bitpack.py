@@ -1,9 +1,8 @@
-"""Tests of tfcompress.ops bit packing: kernel vs reference, errors, the switch, the build.
+"""Tests of tfcompress.ops bit packing: kernel vs reference, errors, the switch.
 
-The C++ kernel is compiled once per test session (into the usual cache); the
-tests of the build machinery itself use a fake compiler and run in
-milliseconds. One test starts a subprocess to see the automatic fallback when
-the compiler is missing.
+The C++ kernel is compiled once per test session (into the usual cache). One
+test starts a subprocess to see the automatic fallback when the compiler is
+missing. The build machinery has its own tests (test_build.py).
 """
 
 from __future__ import annotations
@@ -11,11 +10,9 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import shutil
 import subprocess
 import sys
 import textwrap
-import threading
 
 import numpy as np
 import pytest
@@ -24,7 +21,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tfcompress import ops
-from tfcompress.ops import __main__ as ops_cli
 from tfcompress.ops import _build, _loader
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -812,132 +808,3 @@ def test_auto_falls_back_with_one_warning_when_the_compiler_is_missing(tmp_path)
 
     assert report["kernel_error"].startswith("CompilerNotFoundError")
     assert "no-such-compiler" in report["kernel_error"]
-
-
-# --- the build --------------------------------------------------------------
-
-FAKE_COMPILER = """#!/bin/sh
-# Stands in for g++: logs each call and writes the -o file after a pause.
-if [ "$1" = "--version" ]; then echo "fakecxx 1.0 (tfcompress tests)"; exit 0; fi
-echo "$*" >> "$FAKE_CXX_LOG"
-if [ -n "$FAKE_CXX_FAIL" ]; then
-  echo "bitpack.cc:1:1: warning: something harmless" >&2
-  echo "bitpack.cc:2:1: error: boom" >&2
-  exit 1
-fi
-out=""
-previous=""
-for argument in "$@"; do
-  if [ "$previous" = "-o" ]; then out="$argument"; fi
-  previous="$argument"
-done
-sleep 0.3
-printf 'fake library' > "$out"
-"""
-
-
-@pytest.fixture
-def fake_compiler(tmp_path, monkeypatch):
-    compiler = tmp_path / "fake-c++"
-    compiler.write_text(FAKE_COMPILER)
-    compiler.chmod(0o755)
-    log = tmp_path / "compiler.log"
-    log.touch()
-    monkeypatch.setenv("CXX", str(compiler))
-    monkeypatch.setenv("FAKE_CXX_LOG", str(log))
-    monkeypatch.setenv("TFCOMPRESS_CACHE_DIR", str(tmp_path / "cache"))
-    # The fake build compiles every domain, whatever a developer selected.
-    monkeypatch.delenv("TFCOMPRESS_OPS_DOMAINS", raising=False)
-    return log
-
-
-def test_concurrent_builds_compile_once(fake_compiler, tmp_path):
-    results, errors = [], []
-
-    def build():
-        try:
-            results.append(_build.build())
-        except Exception as error:  # surfaced by the assertion below
-            errors.append(error)
-
-    threads = [threading.Thread(target=build) for _ in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert not errors, errors
-    assert len(set(results)) == 1
-    library = results[0]
-    assert library.name == "libtfcompress_ops.so"
-    assert library.parent.parent == tmp_path / "cache" / "ops"
-    assert library.read_text() == "fake library"
-
-    calls = fake_compiler.read_text().splitlines()
-    sources = sorted((REPO_ROOT / "custom_ops").glob("*/cc/*/*.cc"))
-    assert sum("-shared" in call.split() for call in calls) == 1
-    assert sum("-c" in call.split() for call in calls) == len(sources)
-    compiled = " ".join(call for call in calls if "-c" in call.split())
-    assert all(str(source) in compiled for source in sources)
-    leftovers = [p.name for p in library.parent.iterdir() if "tmp" in p.name or "build-" in p.name]
-    assert leftovers == []
-    assert json.loads((library.parent / "build_info.json").read_text())["tensorflow"]
-
-    # Cached: no compiler call; forced: one more link.
-    assert _build.build() == library
-    assert len(fake_compiler.read_text().splitlines()) == len(calls)
-    assert _build.build(force=True) == library
-    assert sum("-shared" in c.split() for c in fake_compiler.read_text().splitlines()) == 2
-
-
-def test_compiler_failure_raises_build_error_with_stderr(fake_compiler, monkeypatch):
-    monkeypatch.setenv("FAKE_CXX_FAIL", "1")
-    with pytest.raises(ops.BuildError) as raised:
-        _build.build()
-    assert "error: boom" in str(raised.value)
-    assert "something harmless" in raised.value.stderr
-    assert raised.value.command is not None
-    assert not _build.library_path().exists()
-
-
-def test_missing_compiler_raises(monkeypatch, tmp_path):
-    monkeypatch.setenv("CXX", str(tmp_path / "missing-compiler"))
-    with pytest.raises(ops.CompilerNotFoundError, match="missing-compiler"):
-        _build.build()
-
-
-def test_cache_key_follows_sources_and_cache_dir(fake_compiler, monkeypatch, tmp_path):
-    sources = tmp_path / "custom_ops"
-    shutil.copytree(REPO_ROOT / "custom_ops", sources)
-    monkeypatch.setattr(_build, "source_root", lambda: sources)
-    original = _build.library_path()
-    assert original.is_relative_to(tmp_path / "cache")
-
-    header = sources / "common" / "cc" / "op_prefix.h"
-    text = header.read_text()
-    header.write_text(text + "\n// changed\n")
-    assert _build.library_path() != original
-    header.write_text(text)
-    assert _build.library_path() == original
-
-    monkeypatch.setenv("TFCOMPRESS_CACHE_DIR", str(tmp_path / "elsewhere"))
-    assert _build.library_path().is_relative_to(tmp_path / "elsewhere")
-
-
-def test_installed_sources_are_found_under_sys_prefix(monkeypatch, tmp_path):
-    installed = tmp_path / "prefix" / "share" / "tfcompress" / "custom_ops"
-    installed.mkdir(parents=True)
-    fake_module = tmp_path / "site-packages" / "tfcompress" / "ops" / "_build.py"
-    monkeypatch.setattr(_build, "__file__", str(fake_module))
-    monkeypatch.setattr(sys, "prefix", str(tmp_path / "prefix"))
-    assert _build.source_root() == installed
-    assert (REPO_ROOT / "custom_ops").is_dir()
-
-
-def test_command_line(kernel_library, capsys):
-    assert ops_cli.main(["build"]) == 0
-    path = pathlib.Path(capsys.readouterr().out.strip())
-    assert path.is_file() and path.name == "libtfcompress_ops.so"
-    assert ops_cli.main(["info"]) == 0
-    info = capsys.readouterr().out
-    assert "active implementation: kernel" in info
-    assert str(path) in info

@@ -16,7 +16,13 @@ conventions and their argument conversion (shared converters in
 pure-TensorFlow references; each op is defined once, by
 :func:`tfcompress.ops._define.define_op`, which makes its wrapper and twin;
 :mod:`tfcompress.ops._loader` builds and loads the kernels.
+
+The op modules are imported on first attribute access (as the top-level
+package does), so that :mod:`tfcompress.ops._build`, :mod:`tfcompress.ops._loader`
+and the ``tfcompress ops`` command load without importing TensorFlow.
 """
+
+import importlib
 
 from tfcompress.ops._build import BuildError, CompilerNotFoundError, build
 from tfcompress.ops._loader import (
@@ -26,63 +32,80 @@ from tfcompress.ops._loader import (
     op_name,
     set_implementation,
 )
-from tfcompress.ops.bitpack import (
-    pack_bits,
-    pack_bits_reference,
-    pack_signs,
-    pack_signs_reference,
-    unpack_bits,
-    unpack_bits_reference,
-    unpack_signs,
-    unpack_signs_reference,
-)
-from tfcompress.ops.index_codecs import (
-    bitmap_decode,
-    bitmap_decode_reference,
-    bitmap_encode,
-    bitmap_encode_reference,
-    bloom_bit_positions,
-    bloom_conflict_sets,
-    bloom_conflict_sets_reference,
-    bloom_insert,
-    bloom_insert_reference,
-    bloom_query,
-    bloom_query_reference,
-    raw_decode,
-    raw_encode,
-    run_length_decode,
-    run_length_decode_reference,
-    run_length_encode,
-    run_length_encode_reference,
-    varint_decode,
-    varint_decode_reference,
-    varint_encode,
-    varint_encode_reference,
-)
-from tfcompress.ops.quantize import (
-    qsgd_bits_per_element,
-    qsgd_decode,
-    qsgd_decode_reference,
-    qsgd_encode,
-    qsgd_encode_reference,
-    sign_decode,
-    sign_decode_reference,
-    sign_encode,
-    sign_encode_reference,
-    terngrad_decode,
-    terngrad_decode_reference,
-    terngrad_encode,
-    terngrad_encode_reference,
-)
-from tfcompress.ops.sparsify import (
-    random_k_indices,
-    random_k_indices_reference,
-    sparse_scatter,
-    sparse_scatter_reference,
-    threshold_select,
-    threshold_select_reference,
-    top_k_magnitudes,
-    top_k_magnitudes_reference,
+
+# Public name -> the op module that defines it, imported when first asked for.
+_LAZY_EXPORTS: dict[str, tuple[str, ...]] = {
+    "bitpack": (
+        "pack_bits",
+        "pack_bits_reference",
+        "pack_signs",
+        "pack_signs_reference",
+        "unpack_bits",
+        "unpack_bits_reference",
+        "unpack_signs",
+        "unpack_signs_reference",
+    ),
+    "index_codecs": (
+        "bitmap_decode",
+        "bitmap_decode_reference",
+        "bitmap_encode",
+        "bitmap_encode_reference",
+        "bloom_bit_positions",
+        "bloom_conflict_sets",
+        "bloom_conflict_sets_reference",
+        "bloom_insert",
+        "bloom_insert_reference",
+        "bloom_query",
+        "bloom_query_reference",
+        "raw_decode",
+        "raw_encode",
+        "run_length_decode",
+        "run_length_decode_reference",
+        "run_length_encode",
+        "run_length_encode_reference",
+        "varint_decode",
+        "varint_decode_reference",
+        "varint_encode",
+        "varint_encode_reference",
+    ),
+    "quantize": (
+        "qsgd_bits_per_element",
+        "qsgd_decode",
+        "qsgd_decode_reference",
+        "qsgd_encode",
+        "qsgd_encode_reference",
+        "sign_decode",
+        "sign_decode_reference",
+        "sign_encode",
+        "sign_encode_reference",
+        "terngrad_decode",
+        "terngrad_decode_reference",
+        "terngrad_encode",
+        "terngrad_encode_reference",
+    ),
+    "sparsify": (
+        "random_k_indices",
+        "random_k_indices_reference",
+        "sparse_scatter",
+        "sparse_scatter_reference",
+        "threshold_select",
+        "threshold_select_reference",
+        "top_k_magnitudes",
+        "top_k_magnitudes_reference",
+    ),
+}
+
+# Submodules reachable as attributes, e.g. ``tfcompress.ops.value_codecs``.
+_SUBMODULES = (
+    "bitpack",
+    "checks",
+    "convert",
+    "index_codecs",
+    "quantize",
+    "reference",
+    "sparsify",
+    "timing",
+    "value_codecs",
 )
 
 __all__ = [
@@ -145,3 +168,18 @@ __all__ = [
     "varint_encode",
     "varint_encode_reference",
 ]
+
+
+def __getattr__(name: str):
+    for module_name, names in _LAZY_EXPORTS.items():
+        if name in names:
+            value = getattr(importlib.import_module(f"{__name__}.{module_name}"), name)
+            globals()[name] = value
+            return value
+    if name in _SUBMODULES:
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__) | set(_SUBMODULES))

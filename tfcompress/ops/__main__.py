@@ -1,19 +1,30 @@
-"""Command line for the op library.
+"""Build or inspect the C++ op library.
 
-``python -m tfcompress.ops build [--force] [--verbose]`` compiles the library
-(CI runs it once before the tests) and prints its path;
-``python -m tfcompress.ops info`` prints which implementation the ops use and
-where the library is.
+``tfcompress ops build [--force] [--verbose]`` (or ``python -m tfcompress.ops
+build``) compiles the library (CI runs it once before the tests) and prints
+its path; ``--force`` rebuilds it, and retries a build that failed before
+(a failure is otherwise remembered and not retried in every process).
+``tfcompress ops info`` prints which implementation the ops use, where the
+sources and the library are, and what the build left out.
+
+This module is also the ``tfcompress ops`` subcommand (``configure_parser`` /
+``run_from_args``, see :mod:`tfcompress.cli`) and gives ``tfcompress
+--version`` its text (:func:`version_text`). Importing it does not import
+TensorFlow: the ``tfcompress`` command builds its parser on every call.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import os
 import sys
 from collections.abc import Sequence
 
+import tfcompress
 from tfcompress.ops import _build, _loader
+
+__all__ = ["configure_parser", "main", "run_from_args", "version_text"]
 
 
 def _build_command(args: argparse.Namespace) -> int:
@@ -21,8 +32,12 @@ def _build_command(args: argparse.Namespace) -> int:
         path = _build.build(force=args.force, verbose=args.verbose)
     except _build.BuildError as error:
         print(error, file=sys.stderr)
+        if error.hint:
+            print(f"Fix: {error.hint}", file=sys.stderr)
         return 1
     print(path)
+    for item in _build.left_out():
+        print(item.message(), file=sys.stderr)
     return 0
 
 
@@ -47,27 +62,127 @@ def _info_command(args: argparse.Namespace) -> int:
     except Exception as error:  # report why, whatever the build or load raised
         print("active implementation: reference (the library is unavailable)")
         print(f"reason: {error}")
+        hint = getattr(error, "hint", "")
+        if hint:
+            print(f"fix: {hint}")
         return 1 if configured == "kernel" else 0
     print("active implementation: kernel")
     print(f"library: {_loader.loaded_library_path()}")
+    for item in _build.left_out():
+        print(f"left out: {item.message()}")
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m tfcompress.ops", description="Build or inspect the tfcompress op library."
-    )
-    commands = parser.add_subparsers(dest="command", required=True)
+def configure_parser(parser: argparse.ArgumentParser) -> None:
+    """Adds the ``build`` and ``info`` commands to ``parser``.
+
+    Args:
+        parser: the parser of ``tfcompress ops`` or ``python -m tfcompress.ops``.
+    """
+    commands = parser.add_subparsers(dest="ops_command", required=True)
     build_parser = commands.add_parser("build", help="compile the op library and print its path")
-    build_parser.add_argument("--force", action="store_true", help="rebuild even if cached")
+    build_parser.add_argument(
+        "--force", action="store_true", help="rebuild even if cached, retry a failed build"
+    )
     build_parser.add_argument(
         "--verbose", action="store_true", help="print compiler commands and output"
     )
-    build_parser.set_defaults(run=_build_command)
-    info_parser = commands.add_parser("info", help="print the implementation and library path")
-    info_parser.set_defaults(run=_info_command)
-    args = parser.parse_args(argv)
-    return args.run(args)
+    build_parser.set_defaults(ops_run=_build_command)
+    info_parser = commands.add_parser(
+        "info", help="print the implementation, the sources, the library and what it left out"
+    )
+    info_parser.set_defaults(ops_run=_info_command)
+
+
+def run_from_args(args: argparse.Namespace) -> int:
+    """Runs the command that :func:`configure_parser` parsed.
+
+    Args:
+        args: the parsed arguments.
+
+    Returns:
+        The exit status: 0 on success, 1 when the library cannot be built
+        (or, for ``info`` in ``kernel`` mode, loaded), 2 for a bad
+        ``TFCOMPRESS_OPS``.
+    """
+    return args.ops_run(args)
+
+
+def version_text() -> str:
+    """The text of ``tfcompress --version``, made without importing TensorFlow.
+
+    Versions come from the installed distributions' metadata; the op library's
+    state from the cache (a build of these sources for this TensorFlow), so
+    that the answer takes milliseconds. ``tfcompress ops info`` checks it
+    exactly (compiler and flags too) by loading the library.
+
+    Returns:
+        Several lines: tfcompress, TensorFlow, Keras and tf-keras versions,
+        then the op library's state.
+    """
+    lines = [f"tfcompress {tfcompress.__version__}"]
+    tf_version = None
+    for label, distributions in (
+        ("TensorFlow", ("tensorflow", "tensorflow-cpu")),
+        ("Keras", ("keras",)),
+        ("tf-keras", ("tf-keras",)),
+    ):
+        version = _distribution_version(distributions)
+        lines.append(f"{label} {version or '(not installed)'}")
+        if label == "TensorFlow":
+            tf_version = version
+    lines.append(f"op library: {_library_state(tf_version)}")
+    return "\n".join(lines)
+
+
+def _distribution_version(names: Sequence[str]) -> str | None:
+    for name in names:
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def _library_state(tf_version: str | None) -> str:
+    if tf_version is None:
+        return "not built (TensorFlow is not installed)"
+    try:
+        digest = _build.sources_digest()
+    except (_build.BuildError, OSError) as error:
+        return f"unavailable ({error})"
+    found = _build.cached_build(tf_version, digest)
+    if found is None:
+        return (
+            f"not built yet for TensorFlow {tf_version} (compiled on first use, "
+            f"or now by `tfcompress ops build`; cache: {_build.cache_dir()})"
+        )
+    if "failed" in found:
+        return (
+            f"the last build failed (remembered in {found['marker']}; "
+            "`tfcompress ops build --force` retries)"
+        )
+    state = f"built, cached at {found['library']}"
+    left_out = [item.get("library", "?") for item in found.get("left_out", [])]
+    if left_out:
+        state += f" (without {', '.join(left_out)})"
+    return state
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Runs ``python -m tfcompress.ops``.
+
+    Args:
+        argv: the arguments after the program name; ``sys.argv[1:]`` when None.
+
+    Returns:
+        The exit status (see :func:`run_from_args`).
+    """
+    parser = argparse.ArgumentParser(
+        prog="python -m tfcompress.ops", description="Build or inspect the tfcompress op library."
+    )
+    configure_parser(parser)
+    return run_from_args(parser.parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -58,7 +58,7 @@ def dispatch(kernel: str | None, reference: Callable[..., R], /, **inputs: Any) 
         The kernel's outputs (a tuple when there are several) when the switch
         chooses the kernel and no twin is running, else ``reference(**inputs)``.
     """
-    if kernel is not None and not _force_reference.get() and _loader.use_kernel():
+    if kernel is not None and not _force_reference.get() and _loader.use_kernel(kernel):
         outputs = _loader.kernel_op(kernel)(**inputs)
         # The generated wrappers return a namedtuple for several outputs.
         return tuple(outputs) if isinstance(outputs, tuple) else outputs

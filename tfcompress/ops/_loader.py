@@ -11,8 +11,14 @@ between them:
   :func:`implementation` context manager.
 
 ``auto`` uses the kernel when the library builds and loads, and otherwise the
-reference, after one warning per process that says why. ``kernel`` raises
-instead of falling back; ``reference`` never builds or loads anything.
+reference, after one warning per process that says why and what fixes it.
+``kernel`` raises instead of falling back; ``reference`` never builds or loads
+anything.
+
+The fallback can also be per domain: a library built without a system library
+(zlib: :func:`tfcompress.ops._build.left_out`) lacks the kernels of the domain
+that needs it, and in ``auto`` mode only those ops run their reference, after
+one warning per missing library that names the package to install.
 
 Inside ``tf.function`` the choice is made while tracing: a traced function
 keeps the implementation it was traced with.
@@ -22,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import json
 import os
 import pathlib
 import threading
@@ -59,6 +66,11 @@ _library: types.ModuleType | None = None
 _library_path: pathlib.Path | None = None
 _library_error: Exception | None = None
 _fallback_warned = False
+# What the loaded library was built without ({domain: LeftOut}), and which
+# missing system libraries were already reported.
+_left_out_domains: dict[str, _build.LeftOut] = {}
+_left_out_warned: set[str] = set()
+_op_domains: dict[str, str] | None = None  # op name -> domain, read from the sources once
 
 
 def op_name(name: str) -> str:
@@ -149,7 +161,7 @@ def load_library() -> types.ModuleType:
         Exception: whatever ``tf.load_op_library`` raised. A failure is
             remembered, and raised again by later calls without retrying.
     """
-    global _library, _library_path, _library_error
+    global _library, _library_path, _library_error, _left_out_domains
     with _lock:
         if _library is not None:
             return _library
@@ -163,8 +175,22 @@ def load_library() -> types.ModuleType:
         except Exception as error:
             _library_error = error
             raise
+        _left_out_domains = _read_left_out(path)
         _library, _library_path = library, path
         return library
+
+
+def _read_left_out(path: pathlib.Path) -> dict[str, _build.LeftOut]:
+    """The domains a built library lacks, from the ``build_info.json`` beside it."""
+    try:
+        info = json.loads((path.parent / "build_info.json").read_text())
+        items = [
+            _build.LeftOut(**{**item, "domains": tuple(item["domains"])})
+            for item in info.get("left_out", [])
+        ]
+    except (OSError, ValueError, TypeError, KeyError):
+        return {}
+    return {domain: item for item in items for domain in item.domains}
 
 
 def loaded_library_path() -> pathlib.Path | None:
@@ -185,11 +211,17 @@ def kernel_available() -> bool:
     return True
 
 
-def use_kernel() -> bool:
+def use_kernel(kernel: str | None = None) -> bool:
     """Decides, for one op call, whether to run the kernel or the reference.
+
+    Args:
+        kernel: the op's name without prefix (``"DeflateEncode"``); when given,
+            an op whose domain the library was built without (a missing
+            system library) runs its reference too.
 
     Raises:
         Exception: in ``kernel`` mode, why the library cannot be loaded.
+        MissingLibraryError: in ``kernel`` mode, the op's kernel was left out.
     """
     global _fallback_warned
     mode = get_implementation()
@@ -197,16 +229,42 @@ def use_kernel() -> bool:
         return False
     if mode == "kernel":
         load_library()
+    else:
+        try:
+            load_library()
+        except Exception as error:
+            with _lock:
+                if not _fallback_warned:
+                    _fallback_warned = True
+                    warnings.warn(
+                        _fallback_message(error), RuntimeWarning, stacklevel=_caller_level()
+                    )
+            return False
+    if kernel is None or not _left_out_domains:
         return True
-    try:
-        load_library()
-    except Exception as error:
-        with _lock:
-            if not _fallback_warned:
-                _fallback_warned = True
-                warnings.warn(_fallback_message(error), RuntimeWarning, stacklevel=_caller_level())
-        return False
-    return True
+    left_out = _left_out_for(kernel)
+    if left_out is None:
+        return True
+    if mode == "kernel":
+        raise _build.MissingLibraryError(left_out.message(), hint=left_out.install_hint)
+    with _lock:
+        if left_out.library not in _left_out_warned:
+            _left_out_warned.add(left_out.library)
+            warnings.warn(left_out.message(), RuntimeWarning, stacklevel=_caller_level())
+    return False
+
+
+def _left_out_for(kernel: str) -> _build.LeftOut | None:
+    """Why the loaded library lacks ``kernel``, or None when it has it (or nobody knows why)."""
+    if hasattr(_library, op_name(kernel).replace(">", "_")):
+        return None
+    global _op_domains
+    if _op_domains is None:
+        try:
+            _op_domains = _build.op_domains()
+        except (_build.BuildError, OSError):
+            _op_domains = {}
+    return _left_out_domains.get(_op_domains.get(kernel))
 
 
 def kernel_op(name: str) -> Callable[..., Any]:
@@ -230,10 +288,12 @@ def _caller_level() -> int:
 
 def _fallback_message(error: Exception) -> str:
     reason = str(error).strip() or type(error).__name__
+    hint = getattr(error, "hint", "")
     return (
         "tfcompress: the C++ op library is unavailable, so tfcompress.ops uses its "
         "pure-TensorFlow reference implementation (same results, slower).\n"
         f"Reason: {reason}\n"
-        f"Set {ENV_VAR}=kernel to raise this error instead, or "
+        + (f"Fix: {hint}\n" if hint else "")
+        + f"Set {ENV_VAR}=kernel to raise this error instead, or "
         f"{ENV_VAR}=reference to use the reference without this warning."
     )
