@@ -158,9 +158,13 @@ def test_backup_interrupted_while_written_is_refused_or_replaced_by_the_previous
     with pytest.raises(InconsistentBackupError, match="mixes steps"):
         fit(model, [BackupAndRestore(backup)])
     _, model = fresh_run()
-    callback = BackupAndRestore(backup, double_checkpoint=True)
-    history = fit(model, [callback])
-    assert callback.restored_epoch == 1 and len(history.history["loss"]) == EPOCHS - 1
+    callback = BackupAndRestore(backup, double_checkpoint=True, delete_checkpoint=False)
+    with pytest.raises(Interrupt):
+        fit(model, [callback, InterruptAt(epoch=2, batch=0)])
+    assert callback.restored_epoch == 1 and callback.restored_step == STEPS_PER_EPOCH
+    # The next backup (epoch 2's end) replaced the broken one, not the previous one.
+    assert json.loads((backup / "training_metadata.json").read_text())["epoch"] == 2
+    assert json.loads((backup / "training_metadata.json.bkp").read_text())["epoch"] == 1
 
 
 def test_mid_epoch_backup_restarts_its_epoch_with_a_warning(tmp_path, caplog):

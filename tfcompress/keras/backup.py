@@ -142,6 +142,11 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         from it when the latest one cannot be read or is inconsistent.
       delete_checkpoint: delete ``backup_dir`` when ``fit`` ends normally.
 
+    Attributes:
+      restored_epoch: the (0-based) epoch the current ``fit`` resumed at, or
+        None when it found no backup; set when ``fit`` begins.
+      restored_step: the optimizer step of the restored backup, or None.
+
     Raises:
       ValueError: for an empty ``backup_dir`` or a ``save_freq`` that is
         neither ``"epoch"`` nor a positive integer.
@@ -174,6 +179,9 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         self._previous_batch = -1
         self._batches_since_backup = 0
         self._resumed = False
+        # False after a restore fell back to the previous backup: the latest one
+        # is broken and must not replace the previous one at the next backup.
+        self._latest_backup_sound = True
         self.restored_epoch: int | None = None
         self.restored_step: int | None = None
 
@@ -209,6 +217,7 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
     def on_train_begin(self, logs=None):
         self.restored_epoch = self.restored_step = None
         self._epoch, self._previous_batch, self._batches_since_backup = 0, -1, 0
+        self._latest_backup_sound = True
         current = _BackupFiles(self.backup_dir)
         previous = _BackupFiles(self.backup_dir, previous=True)
         try:
@@ -222,6 +231,7 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
                 error,
             )
             metadata = self._restore(previous)
+            self._latest_backup_sound = False
         if metadata is None:
             return
         epoch, step = int(metadata["epoch"]), int(metadata["tfcompress"]["step"])
@@ -234,7 +244,7 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
                 "fit starts at the beginning of that epoch, so its first batches are trained "
                 "again from the restored state. Back up at epoch ends for exact resumption.",
                 self.backup_dir,
-                int(metadata["batch"]),
+                int(metadata["batch"]) + 1,
                 epoch + 1,
                 step,
             )
@@ -291,7 +301,11 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         directory = self._write_directory()
         tf.io.gfile.makedirs(directory)
         files = _BackupFiles(directory)
-        if self.double_checkpoint and tf.io.gfile.exists(files.metadata):
+        if (
+            self.double_checkpoint
+            and self._latest_backup_sound
+            and tf.io.gfile.exists(files.metadata)
+        ):
             files.copy_to(_BackupFiles(directory, previous=True))
         step = int(np.asarray(self.model.optimizer.iterations))
         self.model.save_weights(files.weights, overwrite=True)
@@ -306,6 +320,7 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         with tf.io.gfile.GFile(temporary, "w") as stream:
             stream.write(json.dumps(metadata))
         tf.io.gfile.rename(temporary, files.metadata, overwrite=True)
+        self._latest_backup_sound = True
         if directory != self.backup_dir:
             tf.io.gfile.rmtree(directory)
 
