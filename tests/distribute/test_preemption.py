@@ -25,8 +25,8 @@ trained twice and every worker's per-step digests of the weights and of the
 compressor state must agree bit for bit (fresh compressor state would differ
 from step 17 on: tests/keras/test_backup.py shows that with Keras' own
 callback). Measured: about 27 s of CPU per launch (both workers together),
-so about 30 s for the test on 2 free cores (94 s wall on a 2-core machine at
-a load average of 10). A third,
+so about 30 s for the test on 2 free cores (48 to 94 s wall here, on a 2-core
+machine shared with other jobs at load averages of 6 to 10). A third,
 uninterrupted launch ended with the resumed run's final weights and
 compressor state on both workers, bit for bit (checked once by hand; the
 in-process tests/keras/test_backup.py compares final values with an
