@@ -186,6 +186,9 @@ def test_keras_private_names_still_exist():
     assert isinstance(internal.strategy_supports_no_merge_call(), bool)
     model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
     assert "_distribute_strategy" in vars(model)  # None outside a strategy scope
+    assert "_initial_epoch" in vars(model)  # None until a backup is restored
+    internal.keras3_resume_at_epoch(model, 2)
+    assert model._initial_epoch == 2
     assert callable(model._symbolic_build)
     assert internal.model_strategy(model) is tf.distribute.get_strategy()
     tf_keras = pytest.importorskip("tf_keras")

@@ -60,6 +60,7 @@ __all__ = [
     "keras3_loss_scale_branches",
     "keras3_map_structure",
     "keras3_model_strategy",
+    "keras3_resume_at_epoch",
     "keras3_symbolic_build",
     "keras3_trainer_loaded",
     "launcher_all_gather",
@@ -500,6 +501,16 @@ def replace_keras3_fit_functions(replacements: dict[str, Callable]) -> None:
 def keras3_model_strategy(model) -> tf.distribute.Strategy | None:
     """The strategy of a Keras 3 model inside its trainer (private attribute)."""
     return model._distribute_strategy  # pylint: disable=protected-access
+
+
+def keras3_resume_at_epoch(model, epoch: int | None) -> None:
+    """Makes a Keras 3 model's next ``fit`` start at ``epoch`` (None: fit's ``initial_epoch``).
+
+    Keras 3's ``fit`` starts at the private trainer attribute ``_initial_epoch``
+    when it is set (``initial_epoch = self._initial_epoch or initial_epoch``),
+    which Keras' own ``BackupAndRestore`` sets; there is no public way.
+    """
+    model._initial_epoch = epoch  # pylint: disable=protected-access
 
 
 def keras3_symbolic_build(model, data_batch) -> None:

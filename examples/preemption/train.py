@@ -56,7 +56,9 @@ parser.add_argument("--seed", type=int, default=1)
 args = parser.parse_args()
 save_freq = args.save_freq if args.save_freq == "epoch" else int(args.save_freq)
 
-os.environ["TF_USE_LEGACY_KERAS"] = "1"  # BackupAndRestore of Keras 3 saves Keras variables only
+# tf-keras: its BackupAndRestore resumes mid-epoch backups at the saved step (with
+# Keras 3, tfcompress.keras.BackupAndRestore resumes at epoch starts; see the README).
+os.environ["TF_USE_LEGACY_KERAS"] = "1"
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402

@@ -1,6 +1,7 @@
 """One worker of a preempted-and-resumed ``model.fit`` run, started by the tests' harness.
 
 Usage: preempt_worker.py --compression {ef_topk,diana_qsgd} --backup-dir DIR --out DIR
+                         [--keras {tf_keras,keras3}]
                          [--save-freq {epoch,N}] [--kill-at-step S] [--kill-task T]
                          [--kill-signal {SIGKILL,SIGSTOP}] [--no-track-state]
                          [--step-digests] [--epochs E] [--train-size N] [--batch-size B]
@@ -10,6 +11,12 @@ Trains a small dense classifier on a Fashion-MNIST subset under
 ``tf_keras.callbacks.BackupAndRestore(DIR, save_freq=...)`` and (unless
 ``--no-track-state``) ``track_compression_state(model)``. The data is not
 shuffled.
+
+``--keras keras3``: the same model and data in Keras 3, with
+``tfcompress.keras.BackupAndRestore(DIR, save_freq=...)`` (``--no-track-state``
+does not apply). Keras 3's ``fit`` resumes at an epoch's beginning only, so
+use backups that fall on epoch ends (``--save-freq epoch``, or N dividing the
+16 steps of an epoch).
 
 ``--kill-at-step S``: worker 1 (or ``--kill-task T``) SIGKILLs itself right
 after global step S, on the first attempt only: it writes
@@ -52,6 +59,7 @@ import time
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--compression", choices=["ef_topk", "diana_qsgd"], required=True)
+parser.add_argument("--keras", choices=["tf_keras", "keras3"], default="tf_keras")
 parser.add_argument("--backup-dir", required=True)
 parser.add_argument("--out", required=True)
 parser.add_argument("--save-freq", default="epoch")
@@ -65,14 +73,23 @@ parser.add_argument("--train-size", type=int, default=1024)
 parser.add_argument("--batch-size", type=int, default=64, help="global batch size")
 args = parser.parse_args()
 save_freq = args.save_freq if args.save_freq == "epoch" else int(args.save_freq)
+keras3 = args.keras == "keras3"
+if keras3 and args.no_track_state:
+    parser.error("--no-track-state is for tf-keras")
 
-os.environ["TF_USE_LEGACY_KERAS"] = "1"
+if not keras3:
+    os.environ["TF_USE_LEGACY_KERAS"] = "1"
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
-import tf_keras as keras  # noqa: E402
+
+if keras3:
+    import keras  # noqa: E402
+else:
+    import tf_keras as keras  # noqa: E402
 
 import tfcompress  # noqa: E402
+import tfcompress.keras  # noqa: E402 - Keras 3's multi-worker fit fix
 from tfcompress.compressors import DIANA, QSGD, ErrorFeedback, TopK  # noqa: E402
 
 task = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
@@ -91,7 +108,12 @@ steps_per_epoch = len(x) // args.batch_size
 
 
 def steps_done() -> int:
-    """Global steps trained by the chief's latest backup, by tf-keras' resume rule."""
+    """Global steps trained by the chief's latest backup, by the Keras flavour's resume rule."""
+    if keras3:
+        metadata = pathlib.Path(args.backup_dir) / "training_metadata.json"
+        if not metadata.exists():
+            return 0
+        return json.loads(metadata.read_text())["epoch"] * steps_per_epoch
     path = tf.train.latest_checkpoint(os.path.join(args.backup_dir, "chief"))
     if path is None:
         return 0
@@ -126,8 +148,12 @@ with strategy.scope():
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
     )
 state = tfcompress.distribute.compression_state(strategy)
-if not args.no_track_state:
-    tfcompress.keras.track_compression_state(model)
+if keras3:
+    backup = tfcompress.keras.BackupAndRestore(args.backup_dir, save_freq=save_freq)
+else:
+    backup = keras.callbacks.BackupAndRestore(args.backup_dir, save_freq=save_freq)
+    if not args.no_track_state:
+        tfcompress.keras.track_compression_state(model)
 
 marker = pathlib.Path(args.out) / f"killed-worker{task}"
 digests = pathlib.Path(args.out) / f"steps-worker{task}.jsonl"
@@ -182,7 +208,7 @@ try:
         shuffle=False,
         verbose=2,
         callbacks=[
-            keras.callbacks.BackupAndRestore(args.backup_dir, save_freq=save_freq),
+            backup,
             Preemption(),
         ],
     )
@@ -195,7 +221,7 @@ np.savez(
     *[np.asarray(w) for w in model.get_weights()],
     **{f"state_{k}": v.numpy() for k, v in enumerate(state.variables)},
     state_names=json.dumps([v.name for v in state.variables]),
-    steps=int(model.optimizer.iterations.numpy()),
+    steps=int(np.asarray(model.optimizer.iterations)),
     history=json.dumps({k: [float(v) for v in vs] for k, vs in history.history.items()}),
 )
 print("worker", task, "done", history.history, file=sys.stderr)

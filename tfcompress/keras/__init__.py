@@ -2,12 +2,15 @@
 
 from tfcompress.keras import callbacks
 from tfcompress.keras._keras3_multiworker import install as install_keras3_multiworker_fix
+from tfcompress.keras.backup import BackupAndRestore, InconsistentBackupError
 from tfcompress.keras.callbacks import CompressionMonitor, CompressionSchedule
 from tfcompress.keras.state import track_compression_state
 
 __all__ = [
+    "BackupAndRestore",
     "CompressionMonitor",
     "CompressionSchedule",
+    "InconsistentBackupError",
     "callbacks",
     "install_keras3_multiworker_fix",
     "track_compression_state",

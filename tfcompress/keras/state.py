@@ -57,8 +57,9 @@ def track_compression_state(model, strategy: tf.distribute.Strategy | None = Non
     ``set_model``; call it yourself (after ``compile``) otherwise. Idempotent.
 
     Keras 3's ``BackupAndRestore`` writes ``.weights.h5`` files of Keras
-    variables only; with Keras 3 use ``tf.train.Checkpoint`` /
-    ``CheckpointManager`` with this model (or the state directly).
+    variables only; with Keras 3 use :class:`tfcompress.keras.BackupAndRestore`,
+    or ``tf.train.Checkpoint`` / ``CheckpointManager`` with this model (or the
+    state directly).
 
     Args:
       model: a Keras model (tf-keras or Keras 3).
