@@ -37,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
         ``run``, and the ``error`` of the innermost parser that read it (a
         subcommand may nest its own) as ``usage_error``.
     """
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="tfcompress",
         description="Gradient compression for tf.distribute.MultiWorkerMirroredStrategy.",
     )
@@ -56,22 +56,22 @@ def build_parser() -> argparse.ArgumentParser:
         )
         module.configure_parser(subparser)
         subparser.set_defaults(run=module.run_from_args)
-        _set_usage_errors(subparser)
     return parser
 
 
-def _set_usage_errors(parser: argparse.ArgumentParser) -> None:
-    """Gives ``parser`` and every parser nested in it its own ``usage_error`` default.
+class _Parser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose namespace carries its own ``error`` as ``usage_error``.
 
-    At parse time the innermost parser's default wins, so that a wrong flag, and any
-    error a subcommand reports through ``args.usage_error``, comes with the usage of
-    the command as typed (``tfcompress bench aggregate``), not of its parent.
+    ``add_subparsers`` makes nested parsers of the parent's class, so every
+    command and subcommand is one. At parse time the innermost parser's default
+    wins, so that a wrong flag, and any error a subcommand reports through
+    ``args.usage_error``, comes with the usage of the command as typed
+    (``tfcompress bench aggregate``), not of its parent.
     """
-    parser.set_defaults(usage_error=parser.error)
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for nested in action.choices.values():
-                _set_usage_errors(nested)
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.set_defaults(usage_error=self.error)
 
 
 class _VersionAction(argparse.Action):
