@@ -81,7 +81,12 @@ def _child_script(body: str) -> str:
     "body, outcome",
     [
         ("import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)\n", "crashes"),
-        ("time.sleep(60)\n", "hangs"),
+        (
+            "import faulthandler, signal\n"
+            "faulthandler.register(signal.SIGUSR1, all_threads=True)\n"
+            "time.sleep(60)\n",
+            "hangs",
+        ),
     ],
     ids=["crash", "hang"],
 )
@@ -101,6 +106,8 @@ def test_a_child_that_crashes_or_hangs_is_counted(monkeypatch, tmp_path, body, o
     assert found[outcome] >= 1, report
     sample = report.samples["index-varint"][outcome][0]
     assert sample[1] == "3000:index-varint:7", sample  # seed * 1000 + child, family, payload
+    if outcome == "hangs":  # the stack of the hung child, taken before the kill
+        assert "hread 0x" in sample[2] and "child.py" in sample[2], sample
     other = "hangs" if outcome == "crashes" else "crashes"
     assert found[other] == 0
 

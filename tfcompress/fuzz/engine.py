@@ -50,6 +50,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import faulthandler
 import json
 import mmap
 import os
@@ -85,6 +86,7 @@ COUNTERS = (
 _STATUS = struct.Struct("<qqqq")  # phase, family index, payload index, payloads done
 _CHUNK = 64  # payloads of one family between two peak-RSS readings
 _POOL = 12  # valid base payloads per family and child
+_STACK_DUMP_SECONDS = 2.0  # a hung child's time to write its stacks before the kill
 _EAGER_EVERY = 4
 _MAX_SAMPLES = 3
 
@@ -155,6 +157,9 @@ def _child(config: dict) -> int:
     from tfcompress.fuzz.families import get_families  # noqa: PLC0415
     from tfcompress.fuzz.mutate import MUTATIONS, mutate  # noqa: PLC0415
 
+    # On SIGUSR1 (sent by the parent before it kills a hung child) every
+    # thread's Python stack goes to stderr: the report says where it hung.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     status_file = open(config["status"], "r+b")  # noqa: SIM115
     status = mmap.mmap(status_file.fileno(), _STATUS.size)
     _STATUS.pack_into(status, 0, 0, -1, -1, 0)
@@ -318,6 +323,15 @@ def _child(config: dict) -> int:
 # --- the parent ----------------------------------------------------------------------------
 
 
+def _tail(stderr: str, outcome: str) -> str:
+    """What a report keeps of a failed child's stderr: a hang's stack dump whole."""
+    text = stderr.strip()
+    found = text.find("hread 0x")  # faulthandler's "Thread 0x..." / "Current thread 0x..."
+    if outcome == "hangs" and found >= 0:
+        return text[text.rfind("\n", 0, found) + 1 :][-6000:]
+    return text[-500:]
+
+
 @dataclasses.dataclass
 class _Child:
     seed: int
@@ -448,7 +462,7 @@ def run(
                 # counted (their outcomes are lost), but they are not redone.
                 done = max(done, reported) + 1
                 samples[name][outcome].append(
-                    [None, f"{child.seed}:{name}:{index}", stderr.strip()[-500:] or outcome]
+                    [None, f"{child.seed}:{name}:{index}", _tail(stderr, outcome) or outcome]
                 )
             return done
 
@@ -475,6 +489,9 @@ def run(
                     limit = startup_seconds if phase == 0 else hang_seconds
                     since = child.started if phase == 0 else child.last_progress
                     if now - since > limit:
+                        with contextlib.suppress(OSError):  # the stacks, then the kill
+                            child.process.send_signal(signal.SIGUSR1)
+                            time.sleep(_STACK_DUMP_SECONDS)
                         child.process.kill()
                         while reap(child.process) is None:
                             time.sleep(0.05)
