@@ -211,9 +211,7 @@ class CompressingCollectiveAllReduce(internal.CollectiveAllReduceHook):
         )
         return _UnitCompressors(shards=tuple(shards), second=second)
 
-    def schedule_of(
-        self, replica_id: int, compressor: Compressor | None = None
-    ) -> Schedule | None:
+    def schedule_of(self, replica_id: int, compressor: Compressor | None = None) -> Schedule | None:
         """The phase schedule of local replica ``replica_id`` (``None``: not phased).
 
         ``compressor``: the one of a rule (default: the handle's single compressor).

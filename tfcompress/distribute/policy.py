@@ -85,9 +85,7 @@ class CompressionPolicy:
             )
         rate = self.min_compression_rate
         if rate is not None and (
-            isinstance(rate, bool)
-            or not isinstance(rate, numbers.Real)
-            or not 0 < rate < math.inf
+            isinstance(rate, bool) or not isinstance(rate, numbers.Real) or not 0 < rate < math.inf
         ):
             raise ValueError(
                 f"CompressionPolicy(min_compression_rate={rate!r}) must be None or a finite "
@@ -136,7 +134,9 @@ class CompressionPolicy:
         rate = self.compression_rate(
             compressor, value.shape, value.dtype, aggregation or Aggregation(), num_replicas
         )
-        return self.min_compression_rate is None or rate is None or rate >= self.min_compression_rate
+        return (
+            self.min_compression_rate is None or rate is None or rate >= self.min_compression_rate
+        )
 
     @staticmethod
     def compression_rate(
