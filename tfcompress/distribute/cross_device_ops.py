@@ -162,7 +162,7 @@ class CompressingCollectiveAllReduce(internal.CollectiveAllReduceHook):
         """
         sparse = internal.is_indexed_slices(value)
         return self._bind(
-            compressor or self.compressor,
+            self._one_compressor(compressor),
             key,
             replica_id,
             None if sparse else value.shape,
@@ -217,7 +217,7 @@ class CompressingCollectiveAllReduce(internal.CollectiveAllReduceHook):
         ``compressor``: the one of a rule (default: the handle's single compressor).
         """
         self._forget_old_compressor()
-        compressor = compressor or self.compressor
+        compressor = self._one_compressor(compressor)
         slot = (self._tag_of(compressor), replica_id)
         if slot not in self._schedules:
             self._schedules[slot] = compressor.schedule(
@@ -226,6 +226,17 @@ class CompressingCollectiveAllReduce(internal.CollectiveAllReduceHook):
                 internal.devices_of(self)[replica_id],
             )
         return self._schedules[slot]
+
+    def _one_compressor(self, compressor: Compressor | None) -> Compressor:
+        """``compressor``, or the handle's single one (under rules the caller must name one)."""
+        if compressor is not None:
+            return compressor
+        if isinstance(self.compressor, CompressionRules):
+            raise ValueError(
+                "this strategy compresses with CompressionRules: name the compressor "
+                "(one of rules.compressors)"
+            )
+        return self.compressor
 
     def _tag_of(self, compressor: Compressor) -> str:
         """The state-key prefix of ``compressor``: its rule's tag, "" for a single compressor."""
