@@ -18,6 +18,8 @@ below ``tfcompress.keras``).
 
 from __future__ import annotations
 
+import contextlib
+import re
 import sys
 from collections.abc import Callable
 
@@ -109,8 +111,49 @@ class CollectiveAllReduceHook(CollectiveAllReduce):
     :meth:`exact_all_reduce_on_replica` for TensorFlow's own path.
     """
 
+    #: Variable names of the values being reduced (see :meth:`value_names`).
+    _destination_names: tuple[str | None, ...] | None = None
+
     def _all_reduce(self, reduce_op, value, replica_id, options):
         return self.all_reduce_on_replica(reduce_op, value, replica_id, options)
+
+    def reduce_implementation(self, reduce_op, per_replica_value, destinations, options):
+        with self._names_of([destinations]):
+            return super().reduce_implementation(
+                reduce_op, per_replica_value, destinations, options
+            )
+
+    def batch_reduce_implementation(self, reduce_op, value_destination_pairs, options):
+        with self._names_of([d for _, d in value_destination_pairs]):
+            return super().batch_reduce_implementation(reduce_op, value_destination_pairs, options)
+
+    @contextlib.contextmanager
+    def _names_of(self, destinations):
+        """Remembers the destinations' variable names while TensorFlow's reduce runs.
+
+        ``reduce_to`` / ``batch_reduce_to`` hand the variables to reduce into
+        as destinations, then call :meth:`_all_reduce` per replica with the
+        bare values, one per destination, in order; nothing else carries the
+        names down.
+        """
+        saved = self._destination_names
+        self._destination_names = tuple(_variable_name(d) for d in destinations)
+        try:
+            yield
+        finally:
+            self._destination_names = saved
+
+    def value_names(self, count: int) -> tuple[str | None, ...] | None:
+        """Variable names of the ``count`` values of the running reduction (``None``: unknown).
+
+        Known inside ``reduce_to`` / ``batch_reduce_to`` whose destinations
+        are variables (one value per destination); ``replica_context.all_reduce``
+        (Keras' gradient aggregation) has none.
+        """
+        names = self._destination_names
+        if names is None or len(names) != count or all(n is None for n in names):
+            return None
+        return names
 
     def all_reduce_on_replica(self, reduce_op, value, replica_id: int, options):
         """All-reduces one replica's (nested) ``value``; TensorFlow's exact path by default."""
@@ -546,3 +589,14 @@ def keras3_map_structure(fn: Callable, structure):
     from keras.src import tree  # noqa: PLC0415 - optional, Keras 3 only
 
     return tree.map_structure(fn, structure)
+
+
+def _variable_name(destination) -> str | None:
+    """The name of a variable destination without its ``:0`` suffix (``None`` for devices)."""
+    if not isinstance(destination, tf.Variable):
+        return None
+    try:
+        name = destination.name
+    except (AttributeError, ValueError):
+        return None
+    return re.sub(r":\d+$", "", name)

@@ -27,7 +27,9 @@ def test_unknown_name_lists_valid_names():
 
 
 def test_unknown_option_lists_valid_options():
-    with pytest.raises(ValueError, match=r"unknown option\(s\) \['bits'\].*\['dtype'\]"):
+    with pytest.raises(
+        ValueError, match=r"unknown option\(s\) \['bits'\].*\['dtype', 'predivide'\]"
+    ):
         compressors.get("fp16", bits=4)
 
 

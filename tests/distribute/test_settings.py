@@ -32,6 +32,7 @@ POLICY = CompressionPolicy()
 # (registry name, options of both, option that differs, its other value, the option named)
 CHANGES = [
     ("fp16", {}, "dtype", "bfloat16", "compressor.dtype"),
+    ("fp16", {}, "predivide", "workers", "compressor.predivide"),
     ("qsgd", {}, "bits", 2, "compressor.levels"),
     ("qsgd", {}, "levels", 16, "compressor.levels"),
     ("qsgd", {}, "bucket_size", 256, "compressor.bucket_size"),
@@ -149,6 +150,7 @@ def test_the_table_covers_every_option_of_every_compressor():
         (CompressionPolicy(min_size=10), None, "policy.min_size"),
         (CompressionPolicy(max_size=10**6), None, "policy.max_size"),
         (CompressionPolicy(nonfinite="raise"), None, "policy.nonfinite"),
+        (CompressionPolicy(min_compression_rate=2.0), None, "policy.min_compression_rate"),
         (POLICY, Aggregation(mode="allgather"), "aggregation.mode"),
         (POLICY, Aggregation(bucket_bytes=0), "aggregation.bucket_bytes"),
         (POLICY, Aggregation(pack_bytes=1 << 10), "aggregation.pack_bytes"),

@@ -130,6 +130,15 @@ class IndexCodec:
     _encode_op: ClassVar[_Op | None] = None
     _decode_op: ClassVar[_Op | None] = None
 
+    def encoded_nbytes(self, count: int, dense_length: int) -> int | None:
+        """Bytes of the buffer for ``count`` indices of ``dense_length``, if the sizes fix it.
+
+        ``None`` (the default) for codecs whose size depends on where the
+        indices are (run lengths, gaps, a Bloom filter's false positives).
+        """
+        del count, dense_length
+        return None
+
     def encode(
         self, indices: TensorLike, dense_length: TensorLike, seed: TensorLike
     ) -> EncodedIndices:
@@ -201,6 +210,10 @@ class RawIndices(IndexCodec):
     name = "raw"
     codec_id = 1
 
+    def encoded_nbytes(self, count: int, dense_length: int) -> int | None:
+        """``4 r``, or ``8 r`` when ``d >= 2**31``."""
+        return count * (8 if dense_length >= 2**31 else 4)
+
     _encode_op = staticmethod(_ops.raw_encode)
     _decode_op = staticmethod(_ops.raw_decode)
 
@@ -213,6 +226,11 @@ class Bitmap(IndexCodec):
 
     name = "bitmap"
     codec_id = 2
+
+    def encoded_nbytes(self, count: int, dense_length: int) -> int | None:
+        """``ceil(d / 8)``, whatever the count."""
+        del count
+        return -(-dense_length // 8)
 
     _encode_op = staticmethod(_ops.bitmap_encode)
     _decode_op = staticmethod(_ops.bitmap_decode)

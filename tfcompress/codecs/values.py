@@ -125,6 +125,15 @@ class ValueCodec:
     order_preserving: bool = True
     stochastic: bool = False
 
+    def encoded_nbytes(self, count: int, dtype: tf.DType) -> int | None:
+        """Bytes of the section for ``count`` values of ``dtype``, if the count fixes it.
+
+        ``None`` (the default) for codecs whose size depends on the values
+        (Deflate) or on their spread (the fits' segments).
+        """
+        del count, dtype
+        return None
+
     def encode(self, values: tf.Tensor, seed: tf.Tensor | None = None) -> tf.Tensor:
         """Encodes ``[r]`` values of a dtype in :data:`SUPPORTED_DTYPES` into a uint8 vector."""
         raise NotImplementedError
@@ -287,6 +296,10 @@ class RawValues(ValueCodec):
     codec_id = 1
     lossless = True
 
+    def encoded_nbytes(self, count: int, dtype: tf.DType) -> int | None:
+        """``r itemsize``."""
+        return count * tf.as_dtype(dtype).size
+
     def encode(self, values, seed=None) -> tf.Tensor:
         del seed
         return _to_bytes(self._values(values))
@@ -314,6 +327,11 @@ class FP16Values(ValueCodec):
 
     name = "fp16"
     codec_id = 2
+
+    def encoded_nbytes(self, count: int, dtype: tf.DType) -> int | None:
+        """``2 r``."""
+        del dtype
+        return 2 * count
 
     @staticmethod
     def _wire_dtype(dtype: tf.DType) -> tf.DType:
@@ -366,6 +384,11 @@ class QSGDValues(ValueCodec):
     name = "qsgd"
     codec_id = 3
     stochastic = True
+
+    def encoded_nbytes(self, count: int, dtype: tf.DType) -> int | None:
+        """``4 ceil(r / B) + ceil(r (bits + 1) / 8)``, for every dtype."""
+        del dtype
+        return 4 * -(-count // self.bucket_size) + -(-count * (self.bits + 1) // 8)
 
     def __init__(self, bits: int = 4, bucket_size: int = 512, norm: str = "max"):
         self.bits = _check_int("QSGDValues", "bits", bits, 1, 8)

@@ -71,6 +71,7 @@ __all__ = [
     "TensorContext",
     "num_elements",
     "payload_nbytes",
+    "static_num_elements",
     "sum_in_process",
 ]
 
@@ -121,6 +122,15 @@ def num_elements(x: tf.Tensor) -> int | tf.Tensor:
     """Elements of ``x``: a Python int for a static shape, else an int64 scalar tensor."""
     static = x.shape.num_elements()
     return static if static is not None else tf.size(x, out_type=tf.int64)
+
+
+def static_num_elements(shape) -> int | None:
+    """Elements of a tensor of static ``shape`` (``None`` when not fully defined).
+
+    >>> static_num_elements([3, 4]), static_num_elements(tf.TensorShape([None, 4]))
+    (12, None)
+    """
+    return tf.TensorShape(shape).num_elements()
 
 
 def payload_nbytes(payload: Payload) -> tf.Tensor:
@@ -365,6 +375,44 @@ class Compressor:
         """Variance factor: E||C(x) - x||^2 <= omega ||x||^2 (``None`` if biased)."""
         del num_elements
         return None
+
+    def compressed_nbytes(self, shape: tf.TensorShape, dtype: tf.DType) -> int | None:
+        """Bytes one worker sends for a tensor of ``shape`` and ``dtype``, from the shape alone.
+
+        The size of the payload tensors (:func:`payload_nbytes`) summed over
+        every all-reduce round (PowerSGD: ``P`` and ``Q``), in the phase where
+        the compressor compresses (GradiVeQ's compressed steps, PowerSGD's
+        after ``start_step``; a ``Switch``'s smallest phase): the question it
+        answers is whether compressing a tensor of this shape can pay, not
+        what a warm-up costs. Where the data sets the size within a known cap
+        (GradiVeQ's ``d`` components) the cap is returned, an upper bound.
+
+        Returns:
+          An int, or ``None`` when the size depends on the data without a
+          useful bound (``Threshold``, DeepReduce's entropy coders) or the
+          shape is not fully defined.
+        """
+        del shape, dtype
+        return None
+
+    def compression_rate(self, shape: tf.TensorShape, dtype: tf.DType) -> float | None:
+        """``n itemsize / compressed_nbytes(shape, dtype)``: how much smaller the payload is.
+
+        ``None`` where :meth:`compressed_nbytes` is; ``inf`` for a payload of
+        0 bytes of a non-empty tensor.
+
+        >>> from tfcompress.compressors import FP16
+        >>> FP16().compression_rate([1024], tf.float32)
+        2.0
+        """
+        shape = tf.TensorShape(shape)
+        sent = self.compressed_nbytes(shape, tf.as_dtype(dtype))
+        if sent is None or not shape.is_fully_defined():
+            return None
+        plain = shape.num_elements() * tf.as_dtype(dtype).size
+        if sent == 0:
+            return float("inf") if plain else 1.0
+        return plain / sent
 
     def compress(self, x: tf.Tensor) -> Payload:
         """Encodes ``x`` into a payload (graph code: usable in ``tf.function``)."""

@@ -30,7 +30,7 @@ import tensorflow as tf
 from tfcompress.codecs import container
 from tfcompress.codecs.index import INDEX_CODECS, IndexCodec, get_index_codec
 from tfcompress.codecs.values import VALUE_CODECS_BY_ID, ValueCodec, get_value_codec
-from tfcompress.compressors.base import Compressor, Payload, num_elements
+from tfcompress.compressors.base import Compressor, Payload, num_elements, static_num_elements
 from tfcompress.compressors.registry import register
 from tfcompress.compressors.sparsifier import Sparsifier
 from tfcompress.compressors.state import (
@@ -480,6 +480,26 @@ class DeepReduce(Compressor):
             tf.concat([s.indices for s in decoded], axis=0),
             decoded[0].dense_shape,
         )
+
+    def compressed_nbytes(self, shape: tf.TensorShape, dtype: tf.DType) -> int | None:
+        """``60 + I + V``: the header, the index section and the value section.
+
+        Known from the shape when the sparsifier's count is (TopK, RandomK)
+        and both codecs' sizes follow from the count (index codecs ``raw``,
+        ``bitmap``; value codecs ``raw``, ``fp16``, ``qsgd``); ``None`` for
+        the others, whose sizes depend on the positions or the values.
+        """
+        n = static_num_elements(shape)
+        if n is None:
+            return None
+        count = self.sparsifier.static_count(n)
+        if count is None:
+            return None
+        index = self.index_codec.encoded_nbytes(count, n)
+        values = self.value_codec.encoded_nbytes(count, tf.as_dtype(dtype))
+        if index is None or values is None:
+            return None
+        return container.HEADER_BYTES + index + values
 
     def get_config(self) -> dict:
         return dict(self._config)

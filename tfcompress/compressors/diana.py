@@ -319,6 +319,10 @@ class DIANA(Compressor):
         del num_elements
         return None
 
+    def compressed_nbytes(self, shape: tf.TensorShape, dtype: tf.DType) -> int | None:
+        """The inner compressor's: DIANA sends ``Q(g_i - h_i)`` and nothing else."""
+        return self.inner.compressed_nbytes(shape, dtype)
+
     def get_config(self) -> dict:
         return {"inner": self.inner, "alpha": self.alpha, "momentum": self.momentum}
 

@@ -149,6 +149,10 @@ class ErrorFeedback(Compressor):
         own = () if self._memory is None else (self._memory,)
         return own + tuple(self._inner.variables)
 
+    def compressed_nbytes(self, shape: tf.TensorShape, dtype: tf.DType) -> int | None:
+        """The inner compressor's: the memory stays on the worker."""
+        return self.inner.compressed_nbytes(shape, dtype)
+
     def get_config(self) -> dict:
         return {"inner": self.inner}
 

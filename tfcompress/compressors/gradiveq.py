@@ -117,7 +117,7 @@ from collections.abc import Sequence
 import numpy as np
 import tensorflow as tf
 
-from tfcompress.compressors.base import Compressor, Payload, Schedule
+from tfcompress.compressors.base import Compressor, Payload, Schedule, static_num_elements
 from tfcompress.compressors.qsgd import QSGD
 from tfcompress.compressors.registry import register
 from tfcompress.compressors.state import (
@@ -521,6 +521,30 @@ class GradiVeQ(Compressor):
 
     def decompress(self, payload: Payload) -> tf.Tensor:
         return payload.tensors["values"]
+
+    def compressed_nbytes(self, shape: tf.TensorShape, dtype: tf.DType) -> int | None:
+        """At most ``c (l S) + 12`` on compressed steps: ``d <= l`` coefficients per slice.
+
+        ``c`` is the compute dtype's size (8 for float64, else 4), ``S`` the
+        number of slices, ``l`` the sketch width ``min(K, F m, max_components)``
+        (or ``components``, when smaller): the bound of a fitted layer, whose
+        ``d`` the held-out rule picks at run time. The 12 bytes are the check
+        (fingerprint pair and error). A layer whose fit degenerated sends its
+        raw slices instead (module docstring).
+        """
+        n = static_num_elements(shape)
+        if n is None or n == 0:
+            return None
+        k, s, _, _ = slice_geometry(tf.TensorShape(shape).as_list(), self.slice_length)
+        m = s if self.sample_slices is None else min(self.sample_slices, s)
+        cap = self.max_components
+        if cap is None:
+            cap = min(_DEFAULT_WIDTH, _BASIS_PER_GRADIENT * s)
+        width = min(k, self.fit_steps * m, cap)
+        if self.components is not None:
+            width = min(width, self.components)
+        itemsize = 8 if tf.as_dtype(dtype) == tf.float64 else 4
+        return itemsize * width * s + 12
 
     def get_config(self) -> dict:
         return {

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from tfcompress.compressors.base import Compressor, Payload
+from tfcompress.compressors.base import Compressor, Payload, static_num_elements
 from tfcompress.compressors.registry import register
 
 __all__ = ["Identity"]
@@ -39,3 +39,8 @@ class Identity(Compressor):
 
     def decompress(self, payload: Payload) -> tf.Tensor:
         return self._restore_shape(payload.tensors["values"], payload)
+
+    def compressed_nbytes(self, shape: tf.TensorShape, dtype: tf.DType) -> int | None:
+        """``n itemsize``: the tensor itself."""
+        n = static_num_elements(shape)
+        return None if n is None else n * tf.as_dtype(dtype).size

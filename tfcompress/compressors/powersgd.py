@@ -14,7 +14,7 @@ import numbers
 
 import tensorflow as tf
 
-from tfcompress.compressors.base import Compressor, Payload, Schedule
+from tfcompress.compressors.base import Compressor, Payload, Schedule, static_num_elements
 from tfcompress.compressors.registry import register
 from tfcompress.compressors.state import (
     StepCounter,
@@ -371,6 +371,21 @@ class PowerSGD(Compressor):
     def variables(self) -> tuple[tf.Variable, ...]:
         own = tuple(v for v in (self._q, self._error) if v is not None)
         return own + (() if self._steps is None else self._steps.variables)
+
+    def compressed_nbytes(self, shape: tf.TensorShape, dtype: tf.DType) -> int | None:
+        """``c (n + m) r`` over its two rounds (``P`` then ``Q``), after ``start_step``.
+
+        ``c`` is the compute dtype's size (8 for float64, else 4); a tensor its
+        own rule (:func:`should_compress`) sends exact costs ``n m itemsize``.
+        """
+        size = static_num_elements(shape)
+        if size is None:
+            return None
+        dtype = tf.as_dtype(dtype)
+        if not should_compress(shape, self.rank, self.min_compression_rate):
+            return size * dtype.size
+        n, m = matrix_shape(shape)
+        return _compute_dtype(dtype).size * (n + m) * min(self.rank, n, m)
 
     def get_config(self) -> dict:
         return {

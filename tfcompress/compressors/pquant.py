@@ -8,7 +8,7 @@ import numbers
 import numpy as np
 import tensorflow as tf
 
-from tfcompress.compressors.base import Compressor, Payload
+from tfcompress.compressors.base import Compressor, Payload, static_num_elements
 from tfcompress.compressors.registry import register
 from tfcompress.compressors.state import PerStepRandomness
 from tfcompress.ops import pack_bits, unpack_bits
@@ -283,6 +283,12 @@ class PQuant(PerStepRandomness, Compressor):
                 tf.math.is_finite(values), tf.clip_by_value(values, -highest, highest), values
             )
         return self._restore_shape(tf.cast(values, payload.dtype), payload)
+
+    def compressed_nbytes(self, shape: tf.TensorShape, dtype: tf.DType) -> int | None:
+        """:meth:`wire_nbytes` of the tensor's element count."""
+        del dtype
+        n = static_num_elements(shape)
+        return None if n is None else self.wire_nbytes(n)
 
     def get_config(self) -> dict:
         return {"p": self.p, "block_size": self.block_size, "seed": self._seed_option}

@@ -34,7 +34,7 @@ import math
 import numpy as np
 import tensorflow as tf
 
-from tfcompress.compressors.base import Compressor, Payload
+from tfcompress.compressors.base import Compressor, Payload, static_num_elements
 from tfcompress.compressors.registry import register
 from tfcompress.compressors.state import PerStepRandomness
 from tfcompress.ops import quantize
@@ -179,6 +179,14 @@ class QSGD(PerStepRandomness, Compressor):
             dtype=payload.dtype,
         )
         return self._restore_shape(flat, payload)
+
+    def compressed_nbytes(self, shape: tf.TensorShape, dtype: tf.DType) -> int | None:
+        """``4 ceil(n / bucket_size) + ceil(n bits_per_element / 8)``: float32 norms, packed codes."""
+        del dtype
+        n = static_num_elements(shape)
+        if n is None:
+            return None
+        return 4 * -(-n // self.bucket_size) + -(-n * self.bits_per_element // 8)
 
     def get_config(self) -> dict:
         return {

@@ -51,7 +51,7 @@ import numbers
 
 import tensorflow as tf
 
-from tfcompress.compressors.base import Payload, num_elements
+from tfcompress.compressors.base import Payload, num_elements, static_num_elements
 from tfcompress.compressors.registry import register
 from tfcompress.compressors.sparsifier import Selection, Sparsifier, check_ratio, selected_count
 from tfcompress.compressors.state import PerStepRandomness, SeededNoise, TensorContext
@@ -213,6 +213,15 @@ class RandomK(PerStepRandomness, Sparsifier):
                 raise ValueError("RandomK.decompress: no payload was compressed yet")
             indices = self._indices(d, step, self.context, "")
         return self._restore_shape(sparse_scatter(payload.tensors["values"], indices, d), payload)
+
+    def compressed_nbytes(self, shape: tf.TensorShape, dtype: tf.DType) -> int | None:
+        """``k itemsize`` with ``k = selected_count(ratio, n)``: values only (positions are seeded)."""
+        n = static_num_elements(shape)
+        return None if n is None else self.static_count(n) * tf.as_dtype(dtype).size
+
+    def static_count(self, num_elements: int) -> int | None:
+        """``selected_count(ratio, n)``."""
+        return selected_count(self.ratio, num_elements)
 
     def get_config(self) -> dict:
         return {"ratio": self.ratio, "seed": self.seed}

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 import tensorflow as tf
 
-from tfcompress.compressors.base import Compressor, Payload
+from tfcompress.compressors.base import Compressor, Payload, static_num_elements
 from tfcompress.compressors.registry import register
 from tfcompress.ops import quantize
 
@@ -147,6 +147,12 @@ class SignSGD(Compressor):
             ):
                 scale = tf.identity(scale)
         return scale
+
+    def compressed_nbytes(self, shape: tf.TensorShape, dtype: tf.DType) -> int | None:
+        """``ceil(n / 8)`` sign bits, plus a float32 scale when ``scale`` is set."""
+        del dtype
+        n = static_num_elements(shape)
+        return None if n is None else -(-n // 8) + (4 if self.scale else 0)
 
     def get_config(self) -> dict:
         return {"scale": self.scale, "aggregate": self.aggregation}

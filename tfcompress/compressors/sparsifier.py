@@ -114,6 +114,14 @@ class Sparsifier(Compressor):
         """
         raise NotImplementedError
 
+    def static_count(self, num_elements: int) -> int | None:
+        """Entries selected from a tensor of ``num_elements``, when the size alone fixes it.
+
+        ``None`` (the default) when the data decides (``Threshold``).
+        """
+        del num_elements
+        return None
+
     def value_scale(self, num_elements: int | tf.Tensor, dtype: tf.DType) -> tf.Tensor | None:
         """The factor (a ``dtype`` scalar) the selected values are multiplied by before sending.
 

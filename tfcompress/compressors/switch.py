@@ -170,6 +170,11 @@ class Switch(Compressor):
     def variables(self) -> tuple[tf.Variable, ...]:
         return tuple(v for bound in self._branches for v in bound.variables)
 
+    def compressed_nbytes(self, shape: tf.TensorShape, dtype: tf.DType) -> int | None:
+        """The smallest payload of its phases (``None`` when a phase cannot tell)."""
+        sizes = [p.compressed_nbytes(shape, dtype) for p in self.phases]
+        return None if any(s is None for s in sizes) else min(sizes)
+
     def get_config(self) -> dict:
         return {"phases": [repr(p) for p in self.phases], "initial_phase": self.initial_phase}
 

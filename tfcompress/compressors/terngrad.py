@@ -25,7 +25,7 @@ import math
 import numpy as np
 import tensorflow as tf
 
-from tfcompress.compressors.base import Compressor, Payload
+from tfcompress.compressors.base import Compressor, Payload, static_num_elements
 from tfcompress.compressors.registry import register
 from tfcompress.compressors.state import PerStepRandomness
 from tfcompress.ops import quantize
@@ -127,6 +127,12 @@ class TernGrad(PerStepRandomness, Compressor):
             dtype=payload.dtype,
         )
         return self._restore_shape(flat, payload)
+
+    def compressed_nbytes(self, shape: tf.TensorShape, dtype: tf.DType) -> int | None:
+        """``4 + ceil(2 n / 8)``: the float32 scale and 2-bit codes."""
+        del dtype
+        n = static_num_elements(shape)
+        return None if n is None else 4 + -(-2 * n // 8)
 
     def get_config(self) -> dict:
         return {"clip": self.clip, "seed": self._seed_option}

@@ -39,7 +39,7 @@ import numbers
 
 import tensorflow as tf
 
-from tfcompress.compressors.base import Payload, num_elements
+from tfcompress.compressors.base import Payload, num_elements, static_num_elements
 from tfcompress.compressors.registry import register
 from tfcompress.compressors.sparsifier import Selection, Sparsifier, check_ratio, selected_count
 from tfcompress.compressors.state import TensorContext
@@ -169,6 +169,19 @@ class TopK(_Sparse):
         del step, context, stream
         values, indices = top_k_magnitudes(x, self.count(num_elements(x)), tensor_name=tensor_name)
         return Selection(indices=indices, values=values)
+
+    def compressed_nbytes(self, shape: tf.TensorShape, dtype: tf.DType) -> int | None:
+        """``k (itemsize + 4)``: the kept values and their int32 positions."""
+        n = static_num_elements(shape)
+        if n is None:
+            return None
+        return self.static_count(n) * (tf.as_dtype(dtype).size + 4)
+
+    def static_count(self, num_elements: int) -> int | None:
+        """``k`` (at most the tensor's size), or ``selected_count(ratio, n)``."""
+        if self.k is not None:
+            return min(self.k, num_elements)
+        return selected_count(self.ratio, num_elements)
 
     def get_config(self) -> dict:
         return {"ratio": self.ratio, "k": self.k}

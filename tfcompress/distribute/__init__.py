@@ -7,6 +7,7 @@ from tfcompress.distribute.cross_device_ops import CompressingCollectiveAllReduc
 from tfcompress.distribute.handle import CompressionHandle
 from tfcompress.distribute.lost_workers import LostWorker, explain_lost_worker, lost_worker
 from tfcompress.distribute.policy import CompressionPolicy
+from tfcompress.distribute.rules import CompressionRules, TensorMatcher
 from tfcompress.distribute.strategy import (
     MirroredStrategy,
     MultiWorkerMirroredStrategy,
@@ -28,9 +29,11 @@ __all__ = [
     "CompressionHandle",
     "CompressionState",
     "CompressionPolicy",
+    "CompressionRules",
     "LostWorker",
     "MirroredStrategy",
     "MultiWorkerMirroredStrategy",
+    "TensorMatcher",
     "TrafficCounters",
     "aggregation_timeline",
     "check_settings",

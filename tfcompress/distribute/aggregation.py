@@ -72,6 +72,7 @@ __all__ = [
     "supports_two_stage",
     "unfuse",
     "unshard",
+    "wire_nbytes",
 ]
 
 #: The aggregation modes a strategy accepts.
@@ -329,3 +330,51 @@ def pack_units(sizes: Sequence[int], pack_bytes: int) -> list[list[int]]:
     if current:
         packs.append(current)
     return packs
+
+
+def wire_nbytes(
+    compressor: Compressor,
+    shape: tf.TensorShape,
+    dtype: tf.DType,
+    aggregation: Aggregation,
+    num_replicas: int,
+) -> int | None:
+    """Bytes this worker hands to the collectives for one tensor, from its static shape.
+
+    What the traffic counters add to ``bytes_sent`` for the tensor aggregated
+    as a unit of its own in a traced step, on the path it takes:
+
+    * summable payloads (all-reduce): ``c(x)``, the compressor's
+      :meth:`~tfcompress.compressors.Compressor.compressed_nbytes` (every
+      round of a multi-round compressor);
+    * all-gather: ``c(x)`` rounded up to 4-byte words (payloads travel as
+      int32 words; the lengths are not exchanged when every size is static);
+    * two stages: ``N c(shard) + c2(shard)``, the N shards of the all-to-all
+      and the second stage's payload of the owned shard (``c2``:
+      :func:`second_stage_of`), each rounded up to words.
+
+    A pack pads once, not per tensor, so for a tensor sharing its pack the
+    word rounding is an upper bound (by less than 4 bytes per payload).
+
+    Returns:
+      The bytes, or ``None`` when the compressor cannot tell from the shape.
+    """
+    shape = tf.TensorShape(shape)
+    if compressor.summable:
+        return compressor.compressed_nbytes(shape, dtype)
+    if aggregation.uses_two_stage(compressor, num_replicas):
+        n = shape.num_elements()
+        if n is None:
+            return None
+        shard_shape = tf.TensorShape([shard_size(n, num_replicas)])
+        first = compressor.compressed_nbytes(shard_shape, dtype)
+        second = second_stage_of(compressor).compressed_nbytes(shard_shape, dtype)
+        if first is None or second is None:
+            return None
+        return num_replicas * _words(first) + _words(second)
+    sent = compressor.compressed_nbytes(shape, dtype)
+    return None if sent is None else _words(sent)
+
+
+def _words(nbytes: int) -> int:
+    return -(-nbytes // 4) * 4

@@ -29,6 +29,7 @@ from tfcompress.distribute.aggregation import Aggregation
 from tfcompress.distribute.checkpointing import CompressionState, entry_name
 from tfcompress.distribute.handle import CompressionHandle, first_global_replica
 from tfcompress.distribute.policy import CompressionPolicy
+from tfcompress.distribute.rules import CompressionRules
 from tfcompress.ops import timing
 
 __all__ = ["CompressingCollectiveAllReduce", "fresh_collective_keys"]
@@ -101,15 +102,16 @@ class CompressingCollectiveAllReduce(internal.CollectiveAllReduceHook):
         # (tensor key, local replica) -> compressor bound to that tensor (its state),
         # for the compressor in _bound_to.
         self._bound: dict[tuple[str, int], Compressor] = {}
-        # local replica -> the phase schedule of a phased compressor (None: not phased).
-        self._schedules: dict[int, Schedule | None] = {}
+        # (rule tag, local replica) -> the phase schedule of a phased compressor
+        # (None: not phased); the tag is "" for a single compressor.
+        self._schedules: dict[tuple[str, int], Schedule | None] = {}
         # The (compressor, aggregation) the bindings above belong to.
         self._bound_to: tuple[Compressor | None, Aggregation] = (
             handle.compressor,
             handle.aggregation,
         )
-        # The second-stage compressor of two-stage aggregation (made once per compressor).
-        self._second_stage: Compressor | None = None
+        # rule tag -> the second-stage compressor of two-stage aggregation (made once).
+        self._second_stage: dict[str, Compressor] = {}
         self._first_global_replica = first_global_replica(internal.devices_of(self))
 
     @property
@@ -147,17 +149,21 @@ class CompressingCollectiveAllReduce(internal.CollectiveAllReduceHook):
         if self._bound_to[0] is not current[0] or self._bound_to[1] != current[1]:
             self._bound.clear()
             self._schedules.clear()
-            self._second_stage = None
+            self._second_stage = {}
             self._bound_to = current
 
-    def bound_compressor(self, key: str, replica_id: int, value) -> Compressor:
+    def bound_compressor(
+        self, key: str, replica_id: int, value, compressor: Compressor | None = None
+    ) -> Compressor:
         """The compressor bound to tensor ``key`` (like ``value``) on local replica ``replica_id``.
 
-        For ``tf.IndexedSlices`` the context has no shape (the rows vary).
+        ``compressor``: the one of the tensor's rule (default: the handle's
+        single compressor). For ``tf.IndexedSlices`` the context has no shape
+        (the rows vary).
         """
         sparse = internal.is_indexed_slices(value)
         return self._bind(
-            self.compressor,
+            self._one_compressor(compressor),
             key,
             replica_id,
             None if sparse else value.shape,
@@ -180,7 +186,7 @@ class CompressingCollectiveAllReduce(internal.CollectiveAllReduceHook):
         return self._bound[(key, replica_id)]
 
     def _bind_unit(
-        self, key: str, replica_id: int, value: tf.Tensor, two_stage: bool
+        self, key: str, replica_id: int, value: tf.Tensor, two_stage: bool, compressor: Compressor
     ) -> _UnitCompressors:
         """The bound compressors of one unit (bucket or tensor) on one local replica.
 
@@ -190,29 +196,75 @@ class CompressingCollectiveAllReduce(internal.CollectiveAllReduceHook):
         """
         if not two_stage:
             return _UnitCompressors(
-                whole=self._bind(self.compressor, key, replica_id, value.shape, value.dtype)
+                whole=self._bind(compressor, key, replica_id, value.shape, value.dtype)
             )
         n = internal.group_size_of(self)
         shape = tf.TensorShape([aggregation.shard_size(value.shape.num_elements(), n)])
         shards = [
-            self._bind(self.compressor, f"{key}/shard{j}", replica_id, shape, value.dtype)
+            self._bind(compressor, f"{key}/shard{j}", replica_id, shape, value.dtype)
             for j in range(n)
         ]
-        if self._second_stage is None:
-            self._second_stage = aggregation.second_stage_of(self.compressor)
-        second = self._bind(self._second_stage, f"{key}/stage2", replica_id, shape, value.dtype)
+        tag = self._tag_of(compressor)
+        if tag not in self._second_stage:
+            self._second_stage[tag] = aggregation.second_stage_of(compressor)
+        second = self._bind(
+            self._second_stage[tag], f"{key}/stage2", replica_id, shape, value.dtype
+        )
         return _UnitCompressors(shards=tuple(shards), second=second)
 
-    def schedule_of(self, replica_id: int) -> Schedule | None:
-        """The phase schedule of local replica ``replica_id`` (``None``: not phased)."""
+    def schedule_of(self, replica_id: int, compressor: Compressor | None = None) -> Schedule | None:
+        """The phase schedule of local replica ``replica_id`` (``None``: not phased).
+
+        ``compressor``: the one of a rule (default: the handle's single compressor).
+        """
         self._forget_old_compressor()
-        if replica_id not in self._schedules:
-            self._schedules[replica_id] = self.compressor.schedule(
+        compressor = self._one_compressor(compressor)
+        slot = (self._tag_of(compressor), replica_id)
+        if slot not in self._schedules:
+            self._schedules[slot] = compressor.schedule(
                 self._first_global_replica + replica_id,
                 internal.group_size_of(self),
                 internal.devices_of(self)[replica_id],
             )
-        return self._schedules[replica_id]
+        return self._schedules[slot]
+
+    def _one_compressor(self, compressor: Compressor | None) -> Compressor:
+        """``compressor``, or the handle's single one (under rules the caller must name one)."""
+        if compressor is not None:
+            return compressor
+        if isinstance(self.compressor, CompressionRules):
+            raise ValueError(
+                "this strategy compresses with CompressionRules: name the compressor "
+                "(one of rules.compressors)"
+            )
+        return self.compressor
+
+    def _tag_of(self, compressor: Compressor) -> str:
+        """The state-key prefix of ``compressor``: its rule's tag, "" for a single compressor."""
+        rules = self.compression_handle.compressor
+        return rules.tag_of(compressor) if isinstance(rules, CompressionRules) else ""
+
+    def _keys(self, values: list, compressor: Compressor) -> list[str]:
+        """:func:`_tensor_keys` of ``values``, prefixed with the rule's tag under rules.
+
+        Under rules, tensors of one shape may go to several compressors: the
+        tag keeps their states (and checkpoint entries) apart.
+        """
+        tag = self._tag_of(compressor)
+        keys = _tensor_keys(values)
+        return [f"{tag}/{k}" for k in keys] if tag else keys
+
+    def _route(self, flat_values: list) -> list[Compressor | None]:
+        """The compressor each value would go to (before the policy): its rule's, or the one.
+
+        Under :class:`~tfcompress.distribute.CompressionRules` the variable
+        names are used where TensorFlow passes them (``batch_reduce_to``).
+        """
+        compressor = self.compressor
+        if not isinstance(compressor, CompressionRules):
+            return [compressor] * len(flat_values)
+        names = self.value_names(len(flat_values)) or (None,) * len(flat_values)
+        return [compressor.select(v, n) for v, n in zip(flat_values, names, strict=True)]
 
     @property
     def bound_compressors(self) -> dict[tuple[str, int], Compressor]:
@@ -229,8 +281,13 @@ class CompressingCollectiveAllReduce(internal.CollectiveAllReduceHook):
         any saw a NaN or Inf.
         """
         flat_values = tf.nest.flatten(value, expand_composites=False)
+        chosen = self._route(flat_values)
         compress_idx = [
-            i for i, v in enumerate(flat_values) if self.policy.should_compress(v, self.compressor)
+            i
+            for i, v in enumerate(flat_values)
+            if self.policy.should_compress(
+                v, chosen[i], self.aggregation, internal.group_size_of(self)
+            )
         ]
         exact_idx = [i for i in range(len(flat_values)) if i not in set(compress_idx)]
         results: list = [None] * len(flat_values)
@@ -242,7 +299,7 @@ class CompressingCollectiveAllReduce(internal.CollectiveAllReduceHook):
             )
             for i, v in zip(compress_idx, checked, strict=True):
                 flat_values[i] = v
-        elif compress_idx and not self.compressor.nonfinite_passthrough:
+        elif compress_idx and not all(chosen[i].nonfinite_passthrough for i in compress_idx):
             flag = nonfinite.local_flag(flat_values)
 
         exact_values = [flat_values[i] for i in exact_idx]
@@ -258,15 +315,20 @@ class CompressingCollectiveAllReduce(internal.CollectiveAllReduceHook):
         flagged = None if flag is None else flag > 0
         sparse_idx = [i for i in compress_idx if internal.is_indexed_slices(flat_values[i])]
         dense_idx = [i for i in compress_idx if i not in set(sparse_idx)]
-        for indices, compressed_sum in (
-            (dense_idx, self._compressed_sum),
-            (sparse_idx, self._compressed_sparse_sum),
-        ):
-            if not indices:
-                continue
+        # One compressed sum per compressor (several under CompressionRules), in
+        # the order of their first tensors: the same on every replica and worker.
+        groups = [
+            (indices, compressed_sum, compressor)
+            for all_indices, compressed_sum in (
+                (dense_idx, self._compressed_sum),
+                (sparse_idx, self._compressed_sparse_sum),
+            )
+            for compressor, indices in _by_compressor(all_indices, chosen)
+        ]
+        for indices, compressed_sum, compressor in groups:
             with tf.device(internal.devices_of(self)[replica_id]), tf.name_scope("tfcompress"):
                 reduced = compressed_sum(
-                    [flat_values[i] for i in indices], replica_id, options, flagged
+                    [flat_values[i] for i in indices], replica_id, options, flagged, compressor
                 )
                 if reduce_op == internal.ReduceOp.MEAN:
                     reduced = [_divide(r, internal.group_size_of(self)) for r in reduced]
@@ -277,9 +339,14 @@ class CompressingCollectiveAllReduce(internal.CollectiveAllReduceHook):
     # -- compressed path -------------------------------------------------------------------
 
     def _compressed_sum(
-        self, values: list, replica_id: int, options, flagged: tf.Tensor | None = None
+        self,
+        values: list,
+        replica_id: int,
+        options,
+        flagged: tf.Tensor | None = None,
+        compressor: Compressor | None = None,
     ) -> list[tf.Tensor]:
-        """Sum over all replicas of ``values`` through compressed payloads.
+        """Sum over all replicas of ``values`` through compressed payloads of ``compressor``.
 
         The values are grouped into units (fused buckets or single tensors,
         :func:`~tfcompress.distribute.aggregation.plan_units`), each unit
@@ -292,16 +359,17 @@ class CompressingCollectiveAllReduce(internal.CollectiveAllReduceHook):
         if flagged is not None:
             values = [nonfinite.sanitize(v) for v in values]
         plan = self.aggregation
+        compressor = compressor or self.compressor
         units = aggregation.plan_units(
-            _tensor_keys(values), values, self.compressor, plan.bucket_bytes
+            self._keys(values, compressor), values, compressor, plan.bucket_bytes
         )
         unit_values = [aggregation.fuse(u, values) for u in units]
-        two_stage = plan.uses_two_stage(self.compressor, internal.group_size_of(self))
+        two_stage = plan.uses_two_stage(compressor, internal.group_size_of(self))
         bound = [
-            self._bind_unit(u.key, replica_id, v, two_stage)
+            self._bind_unit(u.key, replica_id, v, two_stage, compressor)
             for u, v in zip(units, unit_values, strict=True)
         ]
-        schedule = self.schedule_of(replica_id)
+        schedule = self.schedule_of(replica_id, compressor)
         state = [
             v
             for unit, b in zip(units, bound, strict=True)
@@ -328,7 +396,8 @@ class CompressingCollectiveAllReduce(internal.CollectiveAllReduceHook):
             decoded, amounts = tf.switch_case(index, branches, name="phase")
             with tf.control_dependencies(decoded):
                 schedule.advance(index)
-            self._track_state("schedule", replica_id, schedule)
+            tag = self._tag_of(compressor)
+            self._track_state(f"{tag}/schedule" if tag else "schedule", replica_id, schedule)
         if flagged is not None:
             decoded = nonfinite.commit_or_roll_back(flagged, state, before, decoded)
         for unit, b in zip(units, bound, strict=True):
@@ -556,7 +625,12 @@ class CompressingCollectiveAllReduce(internal.CollectiveAllReduceHook):
         }
 
     def _compressed_sparse_sum(
-        self, values: list, replica_id: int, options, flagged: tf.Tensor | None = None
+        self,
+        values: list,
+        replica_id: int,
+        options,
+        flagged: tf.Tensor | None = None,
+        compressor: Compressor | None = None,
     ) -> list:
         """Sum of ``tf.IndexedSlices`` (e.g. embedding gradients), never densified.
 
@@ -566,9 +640,11 @@ class CompressingCollectiveAllReduce(internal.CollectiveAllReduceHook):
         TensorFlow's own all-reduce of ``IndexedSlices`` does.
         """
         options = internal.options_of(self).merge(options)
-        keys = _tensor_keys([_SparseKey(v) for v in values])
+        compressor = compressor or self.compressor
+        keys = self._keys([_SparseKey(v) for v in values], compressor)
         bound = [
-            self.bound_compressor(key, replica_id, v) for key, v in zip(keys, values, strict=True)
+            self.bound_compressor(key, replica_id, v, compressor)
+            for key, v in zip(keys, values, strict=True)
         ]
         if flagged is not None:
             values = [nonfinite.sanitize(v) for v in values]
@@ -808,6 +884,21 @@ class _UnitCompressors:
             return [(key, self.whole)]
         owners = [(f"{key}/shard{j}", c) for j, c in enumerate(self.shards)]
         return [*owners, (f"{key}/stage2", self.second)]
+
+
+def _by_compressor(
+    indices: list[int], chosen: list[Compressor | None]
+) -> list[tuple[Compressor, list[int]]]:
+    """``indices`` grouped by their compressor, groups in the order of their first index."""
+    groups: list[tuple[Compressor, list[int]]] = []
+    for i in indices:
+        for compressor, members in groups:
+            if compressor is chosen[i]:
+                members.append(i)
+                break
+        else:
+            groups.append((chosen[i], [i]))
+    return groups
 
 
 def _payload_tensors(payloads: list[Payload]) -> list[tf.Tensor]:

@@ -27,6 +27,7 @@ from tfcompress.distribute.cross_device_ops import (
 from tfcompress.distribute.handle import CompressionHandle
 from tfcompress.distribute.lost_workers import explain_errors_leaving_scope
 from tfcompress.distribute.policy import CompressionPolicy
+from tfcompress.distribute.rules import CompressionRules
 from tfcompress.distribute.settings import (
     check_same_settings,
     settings_items,
@@ -51,8 +52,17 @@ __all__ = [
 ]
 
 
+def _compressor_of(compression, **options) -> Compressor | CompressionRules | None:
+    """A compressor from a name or instance; per-tensor rules as they are."""
+    if isinstance(compression, CompressionRules):
+        if options:
+            raise ValueError("options are only accepted together with a compressor name")
+        return compression
+    return registry.get(compression, **options)
+
+
 def _resolve(compression, policy) -> tuple[Compressor | None, CompressionPolicy]:
-    compressor = registry.get(compression)
+    compressor = _compressor_of(compression)
     if policy is None:
         policy = CompressionPolicy()
     elif isinstance(policy, int):
@@ -65,7 +75,7 @@ def _resolve(compression, policy) -> tuple[Compressor | None, CompressionPolicy]
 
 
 def MultiWorkerMirroredStrategy(  # noqa: N802 - mirrors tf.distribute's class name
-    compression: Compressor | str | None = None,
+    compression: Compressor | CompressionRules | str | None = None,
     cluster_resolver: tf.distribute.cluster_resolver.ClusterResolver | None = None,
     communication_options: tf.distribute.experimental.CommunicationOptions | None = None,
     policy: CompressionPolicy | int | None = None,
@@ -82,8 +92,9 @@ def MultiWorkerMirroredStrategy(  # noqa: N802 - mirrors tf.distribute's class n
     (see :mod:`tfcompress.distribute.lost_workers`).
 
     Args:
-      compression: a compressor, a registry name (``"fp16"``), or ``None``
-        for exact aggregation (traffic is still counted).
+      compression: a compressor, a registry name (``"fp16"``), per-tensor
+        :class:`~tfcompress.distribute.CompressionRules`, or ``None`` for
+        exact aggregation (traffic is still counted).
       cluster_resolver: as in TensorFlow.
       communication_options: as in TensorFlow (implementation, timeout,
         bytes per pack); they apply to the compressed payloads too. A
@@ -117,7 +128,7 @@ def MultiWorkerMirroredStrategy(  # noqa: N802 - mirrors tf.distribute's class n
 
 def MirroredStrategy(  # noqa: N802 - mirrors tf.distribute's class name
     devices: Sequence[str] | None = None,
-    compression: Compressor | str | None = None,
+    compression: Compressor | CompressionRules | str | None = None,
     policy: CompressionPolicy | int | None = None,
     communication_options: tf.distribute.experimental.CommunicationOptions | None = None,
     aggregation: Aggregation | str = "auto",
@@ -130,7 +141,8 @@ def MirroredStrategy(  # noqa: N802 - mirrors tf.distribute's class name
 
     Args:
       devices: device names; default all local GPUs, else the CPU.
-      compression: a compressor, a registry name, or ``None``.
+      compression: a compressor, a registry name, :class:`~tfcompress.distribute.CompressionRules`,
+        or ``None``.
       policy: as in :func:`MultiWorkerMirroredStrategy`.
       communication_options: collective options.
       aggregation: as in :func:`MultiWorkerMirroredStrategy`.
@@ -179,17 +191,19 @@ def _install(strategy, compressor, policy, aggregation: Aggregation) -> None:
 def _say_when_two_stage_does_not_apply(handle: CompressionHandle) -> None:
     """Warns when ``aggregation="two_stage"`` was asked for a compressor that cannot use it."""
     compressor = handle.compressor
-    if (
-        handle.aggregation.mode == "two_stage"
-        and compressor is not None
-        and not compressor.summable
-        and not supports_two_stage(compressor)
-    ):
-        _log.warning(
-            "tfcompress: aggregation='two_stage' does not apply to %r (its payloads are not "
-            "combined by a plain sum of flat tensors); it aggregates through the all-gather.",
-            compressor,
-        )
+    if handle.aggregation.mode != "two_stage" or compressor is None:
+        return
+    compressors = (
+        compressor.compressors if isinstance(compressor, CompressionRules) else (compressor,)
+    )
+    for c in compressors:
+        if not c.summable and not supports_two_stage(c):
+            _log.warning(
+                "tfcompress: aggregation='two_stage' does not apply to %r (its payloads are "
+                "not combined by a plain sum of flat tensors); it aggregates through the "
+                "all-gather.",
+                c,
+            )
 
 
 def _say_when_nothing_is_compressed(strategy) -> None:
@@ -232,7 +246,7 @@ def _point_keras3_users_to_the_fix(strategy) -> None:
 
 def set_compression(
     strategy,
-    compression: Compressor | str | None,
+    compression: Compressor | CompressionRules | str | None,
     aggregation: Aggregation | str | None = None,
     **options,
 ) -> None:
@@ -252,7 +266,8 @@ def set_compression(
 
     Args:
       strategy: a strategy made by a tfcompress factory.
-      compression: the new compressor, a registry name, or ``None`` (exact).
+      compression: the new compressor, a registry name,
+        :class:`~tfcompress.distribute.CompressionRules`, or ``None`` (exact).
       aggregation: a new aggregation mode or :class:`Aggregation`; ``None``
         keeps the current one.
       **options: options for a compressor given by name.
@@ -263,7 +278,7 @@ def set_compression(
       RuntimeError: called inside a ``tf.function`` on a multi-worker strategy.
     """
     handle = _handle(strategy)
-    compressor = registry.get(compression, **options)
+    compressor = _compressor_of(compression, **options)
     aggregation = handle.aggregation if aggregation is None else Aggregation.of(aggregation)
     _check_settings(
         strategy,
