@@ -187,3 +187,23 @@ def test_rules_are_checked():
     assert [type(c).__name__ for c in rules.compressors] == ["TopK", "QSGD"]
     assert rules.select(tf.zeros([4, 4])).name == "topk"
     assert rules.select(tf.IndexedSlices(tf.zeros([1, 4]), [0], [10, 4])).name == "topk"
+
+
+@pytest.mark.slow
+def test_two_workers_fit_with_gradiveq_for_conv_kernels_and_topk_for_dense(tmp_path):
+    """Rules in a real 2-worker tf-keras fit: a phased compressor (GradiVeQ) for the conv
+    kernel, EF(TopK) for the dense kernel, exact for the rest; both workers end identical."""
+    import json  # noqa: PLC0415
+
+    from tests.multiworker import run_workers  # noqa: PLC0415
+
+    run_workers("rules_worker.py", ["--out", str(tmp_path)], timeout=300)
+    w0, w1 = (json.loads((tmp_path / f"worker{i}.json").read_text()) for i in range(2))
+    assert w0["weights"] == w1["weights"]
+    assert np.isfinite(w0["loss"]).all()
+    kinds = {key.split("/")[0].strip("('"): kind for key, (kind, _) in w0["bound"].items()}
+    assert kinds == {"rule0": "GradiVeQLayer", "rule1": "ErrorFeedback"}, w0["bound"]
+    refreshes = [n for kind, n in w0["bound"].values() if kind == "GradiVeQLayer"]
+    assert refreshes[0] >= 2  # 24 steps: warm-up 2, then blocks of 3 + 5: bases fitted and used
+    stats = w0["stats"]
+    assert stats["bytes_sent"] < 0.2 * stats["bytes_uncompressed"], stats
