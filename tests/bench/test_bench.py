@@ -398,6 +398,7 @@ def test_bench_train_mlp_task_rows():
         "deepreduce + EF",
         "gradiveq",
         "gradiveq paper",
+        "gradiveq paper wide",
         "diana(qsgd 4-bit)",
         "powersgd rank 2",
         "powersgd rank 4",
@@ -411,16 +412,17 @@ def test_bench_train_mlp_task_rows():
             assert name == "none" and not options
             continue
         if name == "powersgd":  # registered once PowerSGD lands on main
-            assert options == {"rank": int(label[-1]), "start_step": 10, "seed": 1}
+            # compressed from the first step, as Vogels et al. train
+            assert options == {"rank": int(label[-1]), "start_step": 0, "seed": 1}
             assert options["start_step"] < budget
             if name not in available():
                 continue
         compressor = get(name, **options)  # the options are the compressor's own
         if name == "gradiveq":
-            # both schedules compress for at least half of the run, after a whole
-            # sampling phase (and a short warm-up, unlike the library's 100 steps)
+            # every schedule compresses for at least half of the run, after a
+            # whole sampling phase (and no warm-up, unlike the library's 100 steps)
             assert compressor.warmup_steps + compressor.sampling_steps <= budget // 2
-            assert compressor.warmup_steps == 10 < compressor.sampling_steps
+            assert compressor.warmup_steps == 0 < compressor.sampling_steps
         if label == "deepreduce + EF":
             assert (options, error_feedback) == (
                 {"index_codec": "bloom", "value_codec": "qsgd"},
@@ -432,6 +434,8 @@ def test_bench_train_mlp_task_rows():
     )
     assert (gradiveq["sampling_steps"], gradiveq["compressed_steps"]) == (40, 60)  # the library's
     assert paper["compressed_steps"] == 4 * paper["sampling_steps"]  # the paper's 100 : 400
+    wide = _train_options(task.variants["gradiveq paper wide"])[1]
+    assert wide == {**paper, **bench_train.MLP_WIDE_SKETCH}  # the paper's block, a wider sketch
     # the cnn task keeps its table and defaults; PowerSGD is opt-in there
     cnn = bench_train.TASKS["cnn"]
     assert cnn.variants is bench_train.VARIANTS and cnn.model == "cnn"
