@@ -328,9 +328,15 @@ def test_module_cli_usage_errors():
         (["-n", "3", "--port-base", "65534", "--", "true"], "--port-base 65534: ports P to P+2"),
         (["-n", "2", "--latency", "5", "--", "true"], "--latency needs --bandwidth"),
         (["-n", "255", "--bandwidth", "1gbit", "--", "true"], "--num-workers 255: at most 254"),
-        (["-n", "0", "--", "true"], "argument -n/--num-workers: must be >= 1, got 0"),
+        (["-n", "0", "--", "true"], "argument -n/--num-workers: must be an integer >= 1, got 0"),
+        (["-n", "two", "--", "true"], "argument -n/--num-workers: must be an integer, got 'two'"),
         (["-n", "2", "--bandwidth", "fast", "--", "true"], "argument --bandwidth: must be a rate"),
-        (["-n", "2", "--timeout", "0", "--", "true"], "argument --timeout: must be > 0"),
+        (["-n", "2", "--timeout", "0", "--", "true"], "argument --timeout: must be a number > 0"),
+        (
+            ["-n", "2", "--grace-period", "inf", "--", "true"],
+            "--grace-period: must be a number >= 0",
+        ),
+        (["-n", "2", "--port-base", "70000", "--", "true"], "must be a port in [1, 65535]"),
     ],
 )
 def test_usage_errors_come_before_any_worker(monkeypatch, capsys, argv, message):

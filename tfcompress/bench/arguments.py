@@ -2,7 +2,9 @@
 
 Every benchmark checks its arguments in the parent process, before it starts a
 worker (``aggregate``, ``train``) or times anything: a value's own range with an
-``argparse`` type below (argparse reports it with the benchmark's usage), a name
+``argparse`` type (the numbers' are :mod:`tfcompress.launch.arguments`', shared
+with ``tfcompress launch`` and re-exported here; argparse reports them with the
+benchmark's usage), a name
 against the valid names with :func:`check_names`, and what needs several options
 or the machine (``--bandwidth`` needs root and iproute2, ``--plot`` matplotlib,
 ``--out`` a folder) in the benchmark's ``main``, reported by :func:`usage_error`:
@@ -17,12 +19,13 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import math
 import pathlib
 import sys
 from collections.abc import Iterable, Sequence
 
 from tfcompress.launch import netns
+from tfcompress.launch.arguments import link_rate as _rate
+from tfcompress.launch.arguments import non_negative_int, positive_float, positive_int
 
 __all__ = [
     "LOOPBACK",
@@ -39,34 +42,6 @@ __all__ = [
 
 #: The ``--bandwidth`` value of unlimited loopback links.
 LOOPBACK = "none"
-
-
-def positive_int(text: str) -> int:
-    """``argparse`` type: an integer >= 1.
-
-    >>> positive_int("3")
-    3
-    """
-    value = _int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text}")
-    return value
-
-
-def non_negative_int(text: str) -> int:
-    """``argparse`` type: an integer >= 0."""
-    value = _int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text}")
-    return value
-
-
-def positive_float(text: str) -> float:
-    """``argparse`` type: a finite number > 0."""
-    value = _float(text)
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text}")
-    return value
 
 
 def fraction(text: str) -> float:
@@ -93,11 +68,9 @@ def link_rate(text: str) -> str:
     if text == LOOPBACK:
         return text
     try:
-        netns.parse_rate(text)
-    except ValueError as error:
-        message = str(error).removeprefix("--bandwidth ")
-        raise argparse.ArgumentTypeError(f"{message}; or '{LOOPBACK}' for loopback") from None
-    return text
+        return _rate(text)
+    except argparse.ArgumentTypeError as error:
+        raise argparse.ArgumentTypeError(f"{error}; or '{LOOPBACK}' for loopback") from None
 
 
 def check_names(given: Iterable[str] | None, valid: Iterable[str], option: str) -> str | None:
@@ -172,13 +145,6 @@ def usage_error(args: argparse.Namespace, benchmark: str, message: str) -> int:
         report(message)  # argparse's ArgumentParser.error: exits 2
     print(f"tfcompress bench {benchmark}: {message}", file=sys.stderr)
     return 2
-
-
-def _int(text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
 
 
 def _float(text: str) -> float:

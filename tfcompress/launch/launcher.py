@@ -35,7 +35,6 @@ import contextlib
 import dataclasses
 import errno
 import json
-import math
 import os
 import shutil
 import signal
@@ -47,7 +46,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import IO, TextIO
 
-from tfcompress.launch import netns
+from tfcompress.launch import arguments, netns
 from tfcompress.launch.watchdog import (
     group_has_live_members,
     group_is_stopped,
@@ -715,20 +714,20 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "-n",
         "--num-workers",
-        type=_positive_int,
+        type=arguments.positive_int,
         required=True,
         help="number of worker processes",
     )
     parser.add_argument(
         "--timeout",
-        type=_positive_float,
+        type=arguments.positive_float,
         default=None,
         metavar="S",
         help="stop every worker and exit 124 after S seconds (default: no limit)",
     )
     parser.add_argument(
         "--port-base",
-        type=_port,
+        type=arguments.port,
         default=None,
         metavar="P",
         help=(
@@ -738,14 +737,14 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--grace-period",
-        type=_non_negative_float,
+        type=arguments.non_negative_float,
         default=DEFAULT_GRACE_PERIOD,
         metavar="S",
         help=f"seconds between SIGTERM and SIGKILL (default: {DEFAULT_GRACE_PERIOD:g})",
     )
     parser.add_argument(
         "--exit-grace",
-        type=_non_negative_float,
+        type=arguments.non_negative_float,
         default=DEFAULT_EXIT_GRACE,
         metavar="S",
         help=(
@@ -755,7 +754,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--failure-grace",
-        type=_non_negative_float,
+        type=arguments.non_negative_float,
         default=0.0,
         metavar="S",
         help=(
@@ -771,14 +770,14 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     )
     network.add_argument(
         "--bandwidth",
-        type=_rate,
+        type=arguments.link_rate,
         default=None,
         metavar="RATE",
         help="each worker's link speed, in tc's units: 100mbit, 1gbit, 500kbit, 10mbps (bytes/s)",
     )
     network.add_argument(
         "--latency",
-        type=_milliseconds,
+        type=arguments.milliseconds,
         default=None,
         metavar="MS",
         help="one-way delay between workers, in ms (a round trip takes 2*MS longer)",
@@ -863,46 +862,3 @@ def _usage_error(args: argparse.Namespace, message: str) -> int:
 
 def _report(message: str) -> None:
     print(f"tfcompress launch: {message}", file=sys.stderr, flush=True)
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-    return value
-
-
-def _non_negative_float(text: str) -> float:
-    value = float(text)
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
-    return value
-
-
-def _rate(text: str) -> str:
-    try:
-        netns.parse_rate(text)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error).removeprefix("--bandwidth ")) from None
-    return text
-
-
-def _milliseconds(text: str) -> float:
-    value = float(text)
-    if not (math.isfinite(value) and value >= 0):
-        raise argparse.ArgumentTypeError(f"must be a number of milliseconds >= 0, got {text}")
-    return value
-
-
-def _port(text: str) -> int:
-    value = int(text)
-    if not 1 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"must be a port in [1, 65535], got {value}")
-    return value
