@@ -184,8 +184,20 @@ def test_sources_are_the_package_data_found_with_importlib_resources(monkeypatch
         return installed
 
     monkeypatch.setattr(_build.importlib.resources, "files", files)
+    # An installed tfcompress has no custom_ops/ beside it.
+    monkeypatch.setattr(_build, "_package_dir", lambda: installed.parent)
+    with pytest.raises(ops.BuildError, match=r"C\+\+ sources not found"):
+        _build.source_root()  # sources without their build descriptions
+    (installed / "common" / "description.bzl").write_text("")
     assert _build.source_root() == installed
-    assert asked == ["tfcompress._custom_ops"]
+    assert asked == ["tfcompress._custom_ops"] * 2
+
+
+def test_a_checkout_uses_its_own_sources_whatever_is_installed(monkeypatch, tmp_path):
+    elsewhere = tmp_path / "other-checkout" / "custom_ops"
+    shutil.copytree(REPO_ROOT / "custom_ops", elsewhere)
+    monkeypatch.setattr(_build.importlib.resources, "files", lambda package: elsewhere)
+    assert _build.source_root() == REPO_ROOT / "custom_ops"
 
 
 def test_a_checkout_never_installed_uses_its_top_level_custom_ops(monkeypatch):

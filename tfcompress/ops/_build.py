@@ -199,32 +199,36 @@ class _Configuration:
 def source_root() -> pathlib.Path:
     """Returns the directory holding the C++ sources (``custom_ops``).
 
-    The sources are the package data of ``tfcompress._custom_ops``, found with
+    When the imported ``tfcompress`` package lies in a source checkout (a
+    ``custom_ops/`` beside it), that checkout's sources are the ones matching
+    its code: they are used even when another checkout is installed in
+    editable mode (a git worktree run with ``PYTHONPATH``). Otherwise the
+    sources are the package data of ``tfcompress._custom_ops``, found with
     :mod:`importlib.resources` wherever the package was installed (a wheel in
-    any prefix, ``pip install --user``, an editable install, which maps the
-    package to the checkout's ``custom_ops/``). A source checkout that is only
-    on ``sys.path`` (never installed) has no such package: its top-level
-    ``custom_ops/`` next to the ``tfcompress/`` package is used.
+    any prefix, ``pip install --user``).
 
     Raises:
         BuildError: neither exists.
     """
-    candidates = []
+    candidates = [_package_dir().parent / "custom_ops"]
     try:
         installed = importlib.resources.files(SOURCES_PACKAGE)
     except ModuleNotFoundError:
         installed = None
     if isinstance(installed, pathlib.Path):  # a zipped install cannot be compiled from
         candidates.append(installed)
-    package_dir = pathlib.Path(__file__).resolve().parent.parent
-    candidates.append(package_dir.parent / "custom_ops")
     for candidate in candidates:
-        if (candidate / "common").is_dir():
+        if (candidate / _description.COMMON / _description.DESCRIPTION_FILE).is_file():
             return candidate
     raise BuildError(
         "tfcompress: C++ sources not found; looked in " + ", ".join(str(c) for c in candidates),
         hint="reinstall tfcompress (the sources are package data of tfcompress._custom_ops)",
     )
+
+
+def _package_dir() -> pathlib.Path:
+    """The folder of the imported ``tfcompress`` package."""
+    return pathlib.Path(__file__).resolve().parent.parent
 
 
 def cache_dir() -> pathlib.Path:
