@@ -548,7 +548,10 @@ def test_deflate_in_kernel_mode_raises_with_the_fix(monkeypatch):
 
 def test_tfcompress_ops_build_and_info(kernel_library, capsys):
     assert cli.main(["ops", "build"]) == 0
-    path = pathlib.Path(capsys.readouterr().out.strip())
+    out, err = capsys.readouterr()
+    path = pathlib.Path(out.strip())
+    assert f"tfcompress: {_build.summary()}" in err.splitlines()
+    assert "CPU kernels for 6 domains; " in err
     assert path.is_file() and path.name == "libtfcompress_ops.so"
     assert path == _loader.loaded_library_path()
     assert ops_cli.main(["build"]) == 0  # python -m tfcompress.ops build
@@ -557,6 +560,7 @@ def test_tfcompress_ops_build_and_info(kernel_library, capsys):
     info = capsys.readouterr().out
     assert "active implementation: kernel" in info
     assert str(path) in info
+    assert f"holds: {_build.summary()}" in info
 
 
 def test_tfcompress_ops_build_reports_a_failure_and_its_fix(fake_compiler, monkeypatch, capsys):

@@ -1,17 +1,25 @@
 """Compiles the custom-op library against the installed TensorFlow.
 
 The C++ sources (the repository's top-level ``custom_ops/``, installed as the
-package data of ``tfcompress._custom_ops``; every ``*.cc`` in
-``custom_ops/<domain>/cc/ops`` and ``custom_ops/<domain>/cc/kernels``) are
-compiled with the system C++ compiler into one shared library,
+package data of ``tfcompress._custom_ops``) are those each domain's build
+description names (``custom_ops/<domain>/description.bzl``, read by
+:mod:`tfcompress.ops._description`; Bazel and setup.py read the same files).
+They are compiled with the system C++ compiler into one shared library,
 ``libtfcompress_ops.so``, using the flags of the TensorFlow that is installed
-(``tf.sysconfig``). The library is cached under::
+(``tf.sysconfig``) and the description's ``copts``. The descriptions' GPU
+sources (``*_gpu.cu.cc``) are compiled by nvcc into the same library when
+TensorFlow is a CUDA build and an nvcc of its CUDA major version is found
+(``$CUDA_HOME/bin``, an ``nvidia-cuda-nvcc`` wheel, ``$PATH``), for
+:data:`GPU_ARCHS` plus PTX, without fused multiply-add; otherwise the library
+holds CPU kernels only, and the build's last line says why
+(:func:`summary`). The library is cached under::
 
     ${TFCOMPRESS_CACHE_DIR:-~/.cache/tfcompress}/ops/<key>/libtfcompress_ops.so
 
 where ``<key>`` hashes everything the binary depends on: the TensorFlow version
-and flags, the compiler, the system libraries left out, and the content of
-every source and header file (not where they lie: a checkout and an installed
+and flags, the compiler, the system libraries left out, nvcc's release and
+flags when GPU kernels are built, and the content of every source, header and
+description file (not where they lie: a checkout and an installed
 copy of the same sources share one build). A new TensorFlow, a new compiler or
 an edited source therefore gets its own build, and a library is never loaded
 into a TensorFlow it was not built for.
@@ -24,13 +32,15 @@ otherwise). A failed build is remembered in its key directory
 once instead of compiling again, until ``build(force=True)`` (``tfcompress ops
 build --force``) retries.
 
-A domain that needs a system library is left out of the build, alone, when
-that library's header is missing (a one-line preprocessor check): without
+A domain that needs a system library (its description's
+``system_libraries``) is left out of the build, alone, when that library's
+header is missing (a one-line preprocessor check): without
 zlib's ``zlib.h`` the Deflate value codec (``custom_ops/value_codecs``) is not
 compiled and every other kernel still is; its ops then run their pure-TF
 reference (:mod:`tfcompress.ops._loader` says so once, with the install hint).
 ``TFCOMPRESS_OPS_WITHOUT=zlib`` treats a library as missing whether or not its
-header exists: the tests simulate a machine without zlib that way.
+header exists: the tests simulate a machine without zlib that way;
+``TFCOMPRESS_OPS_WITHOUT=cuda`` builds no GPU kernels.
 
 Several processes (the workers of one job) may start at the same moment: the
 build is serialised by a lock file in the key directory, and the library is
