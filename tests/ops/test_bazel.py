@@ -109,24 +109,27 @@ def test_bazel_builds_a_library_that_loads_and_runs_each_domains_op(tmp_path):
     output, domains = TARGETS[target]
     startup = [bazel, f"--output_user_root={_build.cache_dir() / 'bazel'}"]
     environment = dict(os.environ, PYTHON_BIN_PATH=sys.executable)
-    built = subprocess.run(
-        [*startup, "build", "--symlink_prefix=/", target],
-        cwd=REPO_ROOT,
-        env=environment,
-        capture_output=True,
-        text=True,
-        timeout=1800,
-    )
-    assert built.returncode == 0, built.stderr[-6000:]
-    bazel_bin = subprocess.run(
-        [*startup, "info", "bazel-bin"],
-        cwd=REPO_ROOT,
-        env=environment,
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=300,
-    ).stdout.strip()
+    try:
+        built = subprocess.run(
+            [*startup, "build", "--symlink_prefix=/", target],
+            cwd=REPO_ROOT,
+            env=environment,
+            capture_output=True,
+            text=True,
+            timeout=1800,
+        )
+        assert built.returncode == 0, built.stderr[-6000:]
+        bazel_bin = subprocess.run(
+            [*startup, "info", "bazel-bin"],
+            cwd=REPO_ROOT,
+            env=environment,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=300,
+        ).stdout.strip()
+    finally:  # no Bazel server left running after the test (its files stay cached)
+        subprocess.run([*startup, "shutdown"], cwd=REPO_ROOT, capture_output=True, timeout=300)
     library = pathlib.Path(bazel_bin) / output
     assert library.is_file(), built.stderr[-3000:]
     if domains is None:
