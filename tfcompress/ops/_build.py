@@ -690,9 +690,9 @@ def _missing_libraries(
 
 # --- GPU kernels -----------------------------------------------------------------
 
-# The GPUs the CUDA kernels are compiled for (A100 and H100/H200-class), each
-# as machine code, plus PTX of the newest for later GPUs to JIT-compile.
 GPU_ARCHS = ("sm_80", "sm_90")
+"""The GPUs the CUDA kernels are compiled for (A100, H100/H200), as machine code; PTX of the
+newest is added for later GPUs to compile when they load the library."""
 
 # nvcc's flags besides TensorFlow's: CUDA C++ whatever the file's suffix
 # (.cu.cc), TensorFlow's GPU code paths, the constexpr calls Eigen makes from
