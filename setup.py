@@ -6,22 +6,42 @@ so that every kind of install finds them with :mod:`importlib.resources`
 (tfcompress/ops/_build.py). setup.cfg's ``packages = find:`` cannot map a
 directory to a package of another name, so the package list lives here; the
 rest of the metadata stays in setup.cfg.
+
+Which files ship is not listed here: each domain's build description
+(``custom_ops/<domain>/description.bzl``, also read by the pip build and by
+Bazel) names its sources and headers, and the package data are those files
+and the descriptions themselves, read with tfcompress/ops/_description.py
+(standard library only, loaded by path: nothing is installed yet).
 """
+
+import importlib.util
+import pathlib
+import sys
 
 from setuptools import find_packages, setup
 
 SOURCES_PACKAGE = "tfcompress._custom_ops"
+HERE = pathlib.Path(__file__).resolve().parent
+
+
+def _description_module():
+    path = HERE / "tfcompress" / "ops" / "_description.py"
+    spec = importlib.util.spec_from_file_location("_tfcompress_build_description", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def _package_data() -> list[str]:
+    """Every file a build description names (and the descriptions), relative to custom_ops/."""
+    root = HERE / "custom_ops"
+    descriptions = _description_module().describe_all(root).values()
+    return sorted({path.relative_to(root).as_posix() for d in descriptions for path in d.files()})
+
 
 setup(
     packages=[*find_packages(include=["tfcompress", "tfcompress.*"]), SOURCES_PACKAGE],
     package_dir={SOURCES_PACKAGE: "custom_ops"},
-    # Every suffix that tfcompress/ops/_build.py compiles or hashes into the
-    # cache key: a file left out here would give installs another key.
-    package_data={
-        SOURCES_PACKAGE: [
-            f"{pattern}.{suffix}"
-            for pattern in ("*/cc/*", "*/cc/*/*")
-            for suffix in ("cc", "cpp", "cu", "h", "hpp", "cuh", "inc")
-        ]
-    },
+    package_data={SOURCES_PACKAGE: _package_data()},
 )

@@ -15,6 +15,7 @@ compiled library (same sources, same key).
 
 from __future__ import annotations
 
+import ast
 import json
 import logging
 import os
@@ -36,7 +37,7 @@ import tensorflow as tf
 import tfcompress
 from tfcompress import cli, ops
 from tfcompress.ops import __main__ as ops_cli
-from tfcompress.ops import _build, _loader
+from tfcompress.ops import _build, _description, _loader
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -82,7 +83,13 @@ def fake_compiler(tmp_path, monkeypatch):
     # The fake build compiles every domain, whatever a developer selected.
     monkeypatch.delenv("TFCOMPRESS_OPS_DOMAINS", raising=False)
     monkeypatch.delenv("TFCOMPRESS_OPS_WITHOUT", raising=False)
+    # CPU kernels only, whatever nvcc this machine has (the GPU tests bring a fake one).
+    monkeypatch.setattr(_build, "_find_nvcc", lambda: None)
     return log
+
+
+def _described_cpu_sources(root: pathlib.Path) -> list[pathlib.Path]:
+    return [s for d in _description.describe_all(root).values() for s in d.cpu_sources()]
 
 
 # --- the build ----------------------------------------------------------------
@@ -111,7 +118,10 @@ def test_concurrent_builds_compile_once(fake_compiler, monkeypatch, tmp_path):
     assert library.read_text() == "fake library"
 
     calls = fake_compiler.read_text().splitlines()
-    sources = sorted((REPO_ROOT / "custom_ops").glob("*/cc/*/*.cc"))
+    sources = _described_cpu_sources(REPO_ROOT / "custom_ops")
+    assert sources and set(sources) >= set((REPO_ROOT / "custom_ops").glob("*/cc/*/*.cc")) - set(
+        (REPO_ROOT / "custom_ops").glob("*/cc/kernels/*_gpu.cu.cc")
+    )
     assert sum("-shared" in call.split() for call in calls) == 1
     assert sum("-c" in call.split() for call in calls) == len(sources)
     compiled = " ".join(call for call in calls if "-c" in call.split())
@@ -174,8 +184,20 @@ def test_sources_are_the_package_data_found_with_importlib_resources(monkeypatch
         return installed
 
     monkeypatch.setattr(_build.importlib.resources, "files", files)
+    # An installed tfcompress has no custom_ops/ beside it.
+    monkeypatch.setattr(_build, "_package_dir", lambda: installed.parent)
+    with pytest.raises(ops.BuildError, match=r"C\+\+ sources not found"):
+        _build.source_root()  # sources without their build descriptions
+    (installed / "common" / "description.bzl").write_text("")
     assert _build.source_root() == installed
-    assert asked == ["tfcompress._custom_ops"]
+    assert asked == ["tfcompress._custom_ops"] * 2
+
+
+def test_a_checkout_uses_its_own_sources_whatever_is_installed(monkeypatch, tmp_path):
+    elsewhere = tmp_path / "other-checkout" / "custom_ops"
+    shutil.copytree(REPO_ROOT / "custom_ops", elsewhere)
+    monkeypatch.setattr(_build.importlib.resources, "files", lambda package: elsewhere)
+    assert _build.source_root() == REPO_ROOT / "custom_ops"
 
 
 def test_a_checkout_never_installed_uses_its_top_level_custom_ops(monkeypatch):
@@ -186,16 +208,114 @@ def test_a_checkout_never_installed_uses_its_top_level_custom_ops(monkeypatch):
     assert _build.source_root() == REPO_ROOT / "custom_ops"
 
 
-def test_packaging_ships_every_file_of_the_cache_key():
-    setup_py = (REPO_ROOT / "setup.py").read_text()
-    assert "tfcompress._custom_ops" in setup_py and '"custom_ops"' in setup_py
+def _setup_arguments(monkeypatch) -> dict:
+    """What setup.py passes to setuptools.setup, run without building anything."""
+    import runpy
+
+    import setuptools
+
+    captured = {}
+    monkeypatch.setattr(setuptools, "setup", lambda **arguments: captured.update(arguments))
+    monkeypatch.chdir(REPO_ROOT)
+    runpy.run_path(str(REPO_ROOT / "setup.py"), run_name="__main__")
+    return captured
+
+
+def test_packaging_ships_every_file_of_the_cache_key(monkeypatch):
+    arguments = _setup_arguments(monkeypatch)
+    assert arguments["package_dir"] == {"tfcompress._custom_ops": "custom_ops"}
     assert "data_files" not in (REPO_ROOT / "setup.cfg").read_text()
-    key_files = _build._key_files(REPO_ROOT / "custom_ops", None)
-    # setup.py's patterns: <domain>/cc/*.<suffix> and <domain>/cc/<dir>/*.<suffix>.
-    for path in key_files:
-        parts = path.relative_to(REPO_ROOT / "custom_ops").parts
-        assert len(parts) in (3, 4) and parts[1] == "cc", f"setup.py does not ship {path}"
-        assert path.suffix.lstrip(".") in setup_py, path
+    shipped = set(arguments["package_data"]["tfcompress._custom_ops"])
+    root = REPO_ROOT / "custom_ops"
+    key_files = {p.relative_to(root).as_posix() for p in _build._key_files(root, None)}
+    assert key_files - shipped == set(), "setup.py does not ship these (name them in a description)"
+    assert {f"{d}/description.bzl" for d in (*_description.domain_names(root), "common")} <= shipped
+
+
+# --- the build descriptions -----------------------------------------------------
+
+
+def test_every_domain_has_one_description_that_bazel_and_python_agree_on():
+    root = REPO_ROOT / "custom_ops"
+    descriptions = _description.describe_all(root)
+    domains = {p.name for p in root.iterdir() if (p / "cc").is_dir()}
+    assert set(descriptions) == domains
+    # Bazel 4 cannot list packages: build_defs/domains.bzl names the domains, the same ones.
+    tree = ast.parse((REPO_ROOT / "build_defs" / "domains.bzl").read_text())
+    (assignment,) = [n for n in tree.body if isinstance(n, ast.Assign)]
+    assert ast.literal_eval(assignment.value) == _description.domain_names(root)
+    for domain in _description.domain_names(root):
+        build = (root / domain / "BUILD").read_text()
+        assert 'load(":description.bzl", "DESCRIPTION")' in build and f'"{domain}"' in build
+    (zlib,) = descriptions["value_codecs"].system_libraries
+    assert (zlib.name, zlib.header, zlib.linkopts) == ("zlib", "zlib.h", ("-lz",))
+    assert "-Wno-deprecated-declarations" in descriptions["common"].copts
+    # The source lists of the past are gone: BUILD and setup.py name no source.
+    for name in ("BUILD", "setup.py", "setup.cfg"):
+        assert "cc/kernels" not in (REPO_ROOT / name).read_text(), name
+
+
+def test_every_cxx_file_is_named_by_its_domains_description():
+    root = REPO_ROOT / "custom_ops"
+    named = {p for d in _description.describe_all(root).values() for p in d.files()}
+    unnamed = [p for p in _build._key_files(root, None) if p not in named]
+    assert unnamed == [], "add a pattern to the domain's description.bzl"
+
+
+def test_gpu_sources_are_never_cpu_sources(tmp_path):
+    folder = tmp_path / "custom_ops" / "bitpack"
+    shutil.copytree(REPO_ROOT / "custom_ops" / "bitpack", folder)
+    gpu_source = folder / "cc" / "kernels" / "bitpack_gpu.cu.cc"
+    gpu_source.write_text("// device code\n")
+    (folder / "cc" / "kernels" / "bitpack_gpu.cu.h").write_text("// a GPU header\n")
+    description = _description.describe(folder)
+    assert description.gpu_sources() == [gpu_source]
+    assert gpu_source not in description.cpu_sources()
+    assert folder / "cc" / "kernels" / "bitpack.cc" in description.cpu_sources()
+    assert folder / "cc" / "kernels" / "bitpack_gpu.cu.h" in description.headers()
+
+
+@pytest.mark.parametrize(
+    ("text", "complaint"),
+    [
+        ("DESCRIPTION = {}\n", "must be a dict with keys"),
+        ("OTHER = 1\n", "expected one assignment to DESCRIPTION"),
+        ('DESCRIPTION = {"srcs": glob(["*.cc"])}\n', "must be a literal"),
+        (
+            'DESCRIPTION = {"srcs": "a.cc", "gpu_srcs": [], "hdrs": [], "copts": [], '
+            '"system_libraries": []}\n',
+            "srcs must be a list of strings",
+        ),
+    ],
+)
+def test_a_malformed_description_names_its_file(tmp_path, text, complaint):
+    folder = tmp_path / "custom_ops" / "bitpack"
+    folder.mkdir(parents=True)
+    (folder / "description.bzl").write_text(text)
+    with pytest.raises(ValueError, match=complaint) as raised:
+        _description.describe(folder)
+    assert str(folder / "description.bzl") in str(raised.value)
+
+
+def test_a_domains_copts_reach_its_sources_alone(fake_compiler, monkeypatch, tmp_path):
+    sources = tmp_path / "custom_ops"
+    shutil.copytree(REPO_ROOT / "custom_ops", sources)
+    description = sources / "quantize" / "description.bzl"
+    description.write_text(
+        description.read_text().replace('"copts": []', '"copts": ["-DTFCOMPRESS_TEST_FLAG=1"]')
+    )
+    monkeypatch.setattr(_build, "source_root", lambda: sources)
+    before = _build.library_path()
+    _build.build()
+    compiles = [c.split() for c in fake_compiler.read_text().splitlines() if " -c " in c]
+    for call in compiles:
+        source = pathlib.Path(call[call.index("-c") + 1])
+        in_quantize = source.relative_to(sources).parts[0] == "quantize"
+        assert ("-DTFCOMPRESS_TEST_FLAG=1" in call) == in_quantize, call
+        assert "-Wno-deprecated-declarations" in call  # common's copts: every domain
+    # The descriptions are part of the cache key.
+    description.write_text(description.read_text().replace("TEST_FLAG=1", "TEST_FLAG=2"))
+    assert _build.library_path() != before
 
 
 # --- the cache key --------------------------------------------------------------
@@ -428,7 +548,10 @@ def test_deflate_in_kernel_mode_raises_with_the_fix(monkeypatch):
 
 def test_tfcompress_ops_build_and_info(kernel_library, capsys):
     assert cli.main(["ops", "build"]) == 0
-    path = pathlib.Path(capsys.readouterr().out.strip())
+    out, err = capsys.readouterr()
+    path = pathlib.Path(out.strip())
+    assert f"tfcompress: {_build.summary()}" in err.splitlines()
+    assert "CPU kernels for 6 domains; " in err
     assert path.is_file() and path.name == "libtfcompress_ops.so"
     assert path == _loader.loaded_library_path()
     assert ops_cli.main(["build"]) == 0  # python -m tfcompress.ops build
@@ -437,6 +560,7 @@ def test_tfcompress_ops_build_and_info(kernel_library, capsys):
     info = capsys.readouterr().out
     assert "active implementation: kernel" in info
     assert str(path) in info
+    assert f"holds: {_build.summary()}" in info
 
 
 def test_tfcompress_ops_build_reports_a_failure_and_its_fix(fake_compiler, monkeypatch, capsys):
@@ -510,7 +634,7 @@ INSTALLED_SCRIPT = textwrap.dedent(
     import numpy as np
     import tfcompress
     from tfcompress import ops
-    from tfcompress.ops import _build, _loader
+    from tfcompress.ops import _build, _description, _loader
 
     ops.set_implementation("kernel")
     packed = ops.pack_bits(np.array([5, 1, 7]), 3)
@@ -607,3 +731,190 @@ def test_an_installed_wheel_runs_kernels_from_its_package_data(kernel_library, t
     assert report["library"] == str(_loader.loaded_library_path())
     assert "compiling the C++ op library" not in result.stderr
     assert report["packed"] == [0xCD, 0x01]
+
+
+# --- GPU kernels: which targets the build compiles ----------------------------
+
+FAKE_NVCC = """#!/bin/sh
+# Stands in for nvcc: says its release, logs each compile and writes the -o file.
+if [ "$1" = "--version" ]; then
+  echo "nvcc: NVIDIA (R) Cuda compiler driver"
+  echo "Cuda compilation tools, release $FAKE_NVCC_RELEASE, V$FAKE_NVCC_RELEASE.1"
+  exit 0
+fi
+echo "$*" >> "$FAKE_NVCC_LOG"
+out=""
+previous=""
+for argument in "$@"; do
+  if [ "$previous" = "-o" ]; then out="$argument"; fi
+  previous="$argument"
+done
+printf 'fake device object' > "$out"
+"""
+
+GPU_DOMAINS = ("bitpack", "quantize")
+
+
+@pytest.fixture
+def gpu_setup(fake_compiler, monkeypatch, tmp_path):
+    """Sources with two GPU files, a CUDA 12.5 TensorFlow and a fake CUDA 12.5 toolkit."""
+    sources = tmp_path / "custom_ops"
+    shutil.copytree(REPO_ROOT / "custom_ops", sources)
+    for domain in GPU_DOMAINS:
+        (sources / domain / "cc" / "kernels" / f"{domain}_gpu.cu.cc").write_text("// device\n")
+    monkeypatch.setattr(_build, "source_root", lambda: sources)
+    monkeypatch.setattr(_build, "_tf_cuda_version", lambda tf: "12.5.1")
+
+    toolkit = tmp_path / "cuda"
+    for folder in ("bin", "include", "lib64"):
+        (toolkit / folder).mkdir(parents=True)
+    nvcc = toolkit / "bin" / "nvcc"
+    nvcc.write_text(FAKE_NVCC)
+    nvcc.chmod(0o755)
+    (toolkit / "include" / "cuda_runtime.h").write_text("")
+    (toolkit / "lib64" / "libcudart_static.a").write_text("")
+    log = tmp_path / "nvcc.log"
+    log.touch()
+    monkeypatch.setenv("FAKE_NVCC_LOG", str(log))
+    monkeypatch.setenv("FAKE_NVCC_RELEASE", "12.5")
+    monkeypatch.setenv("CUDA_HOME", str(toolkit))
+    monkeypatch.setenv("PATH", str(tmp_path / "no-nvcc-here") + os.pathsep + "/usr/bin:/bin")
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if "nvidia" not in p])
+    monkeypatch.setattr(_build, "_find_nvcc", _REAL_FIND_NVCC)  # fake_compiler hid it
+    return types.SimpleNamespace(
+        sources=sources, toolkit=toolkit, nvcc_log=log, cxx_log=fake_compiler
+    )
+
+
+_REAL_FIND_NVCC = _build._find_nvcc
+
+
+def test_with_a_cuda_tensorflow_and_nvcc_the_gpu_sources_are_compiled(gpu_setup, caplog):
+    caplog.set_level(logging.WARNING, logger="tfcompress.ops")
+    library = _build.build()
+    nvcc_calls = [c.split() for c in gpu_setup.nvcc_log.read_text().splitlines()]
+    compiled = sorted(pathlib.Path(c[c.index("-c") + 1]).name for c in nvcc_calls)
+    assert compiled == sorted(f"{d}_gpu.cu.cc" for d in GPU_DOMAINS)
+    for call in nvcc_calls:
+        for flag in ("-x", "cu", "-DGOOGLE_CUDA=1", "--expt-relaxed-constexpr", "--fmad=false"):
+            assert flag in call
+        assert "-gencode=arch=compute_80,code=sm_80" in call
+        assert "-gencode=arch=compute_90,code=sm_90" in call
+        assert "-gencode=arch=compute_90,code=compute_90" in call  # PTX for newer GPUs
+        assert "-D_GLIBCXX_USE_CXX11_ABI=1" in " ".join(call)  # TensorFlow's flags
+        assert "-Xcompiler=-Wno-deprecated-declarations" in call
+    # The C++ compiler never sees a .cu.cc, and compiles the #if GOOGLE_CUDA registrations.
+    cxx_calls = [c.split() for c in gpu_setup.cxx_log.read_text().splitlines() if " -c " in c]
+    assert not any(word.endswith(".cu.cc") for call in cxx_calls for word in call)
+    assert all("-DGOOGLE_CUDA=1" in call for call in cxx_calls)
+    assert all(f"-I{gpu_setup.toolkit / 'include'}" in call for call in cxx_calls)
+    link = _link_call(gpu_setup.cxx_log)
+    assert "-l:libcudart_static.a" in link and sum(w.endswith(".o") for w in link) == len(
+        cxx_calls
+    ) + len(nvcc_calls)
+
+    line = (
+        "CPU kernels for 6 domains; GPU kernels for 2 domains (bitpack, quantize) "
+        "with nvcc 12.5 (sm_80, sm_90)"
+    )
+    assert _build.summary() == line
+    end = [r.getMessage() for r in caplog.records if r.name == "tfcompress.ops"][-1]
+    assert line in end and "\n" not in end
+    info = json.loads((library.parent / "build_info.json").read_text())
+    assert info["gpu"]["domains"] == list(GPU_DOMAINS)
+    assert info["gpu"]["with_sources"] == list(GPU_DOMAINS)
+    assert info["summary"] == line
+
+
+def test_the_cache_key_covers_nvcc_and_the_gpu_build(gpu_setup, monkeypatch):
+    with_gpu = _build.library_path()
+    monkeypatch.setenv("FAKE_NVCC_RELEASE", "12.4")
+    assert _build.library_path() != with_gpu
+    monkeypatch.setattr(_build, "GPU_ARCHS", ("sm_80",))
+    monkeypatch.setenv("FAKE_NVCC_RELEASE", "12.5")
+    assert _build.library_path() != with_gpu
+    monkeypatch.setattr(_build, "GPU_ARCHS", ("sm_80", "sm_90"))
+    assert _build.library_path() == with_gpu
+    # A CPU-only build's key does not depend on whether some nvcc exists.
+    monkeypatch.setattr(_build, "_tf_cuda_version", lambda tf: None)
+    cpu_only = _build.library_path()
+    monkeypatch.delenv("CUDA_HOME")
+    assert _build.library_path() == cpu_only != with_gpu
+
+
+@pytest.mark.parametrize(
+    ("situation", "reason"),
+    [
+        ("tensorflow without cuda", "TensorFlow {tf} is not a CUDA build"),
+        ("no nvcc", "nvcc not found in $CUDA_HOME/bin, an nvidia-cuda-nvcc wheel or $PATH"),
+        ("nvcc 13", "nvcc 13.0 ({nvcc}) is not CUDA 12, which TensorFlow {tf} was built with"),
+        ("no cuda runtime", "no libcudart beside {nvcc}"),
+        ("TFCOMPRESS_OPS_WITHOUT", "$TFCOMPRESS_OPS_WITHOUT lists cuda"),
+        ("no gpu sources", "no domain being built has GPU sources"),
+    ],
+)
+def test_no_gpu_kernels_and_the_one_line_that_says_why(gpu_setup, monkeypatch, situation, reason):
+    nvcc = gpu_setup.toolkit / "bin" / "nvcc"
+    if situation == "tensorflow without cuda":
+        monkeypatch.setattr(_build, "_tf_cuda_version", lambda tf: None)
+    elif situation == "no nvcc":
+        monkeypatch.delenv("CUDA_HOME")
+    elif situation == "nvcc 13":
+        monkeypatch.setenv("FAKE_NVCC_RELEASE", "13.0")
+    elif situation == "no cuda runtime":
+        for library in (gpu_setup.toolkit / "lib64").iterdir():
+            library.unlink()
+    elif situation == "TFCOMPRESS_OPS_WITHOUT":
+        monkeypatch.setenv("TFCOMPRESS_OPS_WITHOUT", "cuda")
+    else:
+        for source in gpu_setup.sources.glob("*/cc/kernels/*_gpu.cu.cc"):
+            source.unlink()
+    expected = reason.format(tf=tf.__version__, nvcc=nvcc)
+    line = _build.summary()
+    assert line.startswith("CPU kernels for 6 domains; no GPU kernels: " + expected), line
+    assert "\n" not in line
+    if situation in ("no nvcc", "nvcc 13"):
+        assert "CUDA 12 toolkit" in line and "CUDA_HOME" in line
+    library = _build.build()
+    assert gpu_setup.nvcc_log.read_text() == ""
+    compiled = " ".join(gpu_setup.cxx_log.read_text().splitlines())
+    assert ".cu.cc" not in compiled and "GOOGLE_CUDA" not in compiled
+    info = json.loads((library.parent / "build_info.json").read_text())
+    assert info["gpu"]["domains"] == [] and info["gpu"]["reason"].startswith(expected)
+
+
+def test_a_cuda_runtime_without_its_static_library_is_linked_by_name(gpu_setup):
+    lib = gpu_setup.toolkit / "lib64"
+    (lib / "libcudart_static.a").unlink()
+    (lib / "libcudart.so.12").write_text("")  # what the nvidia-cuda-runtime-cu12 wheel holds
+    _build.build()
+    link = _link_call(gpu_setup.cxx_log)
+    assert "-l:libcudart.so.12" in link and f"-Wl,-rpath,{lib}" in link
+
+
+def test_nvcc_is_found_in_cuda_home_then_the_wheel_then_path(monkeypatch, tmp_path):
+    def executable(path: pathlib.Path) -> pathlib.Path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("#!/bin/sh\n")
+        path.chmod(0o755)
+        return path
+
+    home = executable(tmp_path / "home" / "bin" / "nvcc")
+    wheel = executable(tmp_path / "site" / "nvidia" / "cuda_nvcc" / "bin" / "nvcc")
+    on_path = executable(tmp_path / "path" / "nvcc")
+    monkeypatch.setattr(sys, "path", [str(tmp_path / "site")])
+    monkeypatch.setenv("PATH", str(on_path.parent))
+    monkeypatch.setenv("CUDA_HOME", str(home.parent.parent))
+    assert _build._find_nvcc() == home
+    monkeypatch.delenv("CUDA_HOME")
+    assert _build._find_nvcc() == wheel
+    monkeypatch.setattr(sys, "path", [])
+    assert _build._find_nvcc() == on_path
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert _build._find_nvcc() is None
+
+
+def test_the_installed_tensorflow_says_whether_it_is_a_cuda_build():
+    info = tf.sysconfig.get_build_info()
+    expected = str(info["cuda_version"]) if info.get("is_cuda_build") else None
+    assert _build._tf_cuda_version(tf) == expected

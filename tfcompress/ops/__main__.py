@@ -36,6 +36,7 @@ def _build_command(args: argparse.Namespace) -> int:
             print(f"Fix: {error.hint}", file=sys.stderr)
         return 1
     print(path)
+    print(f"tfcompress: {_build.summary()}", file=sys.stderr)
     for item in _build.left_out():
         print(item.message(), file=sys.stderr)
     return 0
@@ -68,6 +69,7 @@ def _info_command(args: argparse.Namespace) -> int:
         return 1 if configured == "kernel" else 0
     print("active implementation: kernel")
     print(f"library: {_loader.loaded_library_path()}")
+    print(f"holds: {_build.summary()}")
     for item in _build.left_out():
         print(f"left out: {item.message()}")
     return 0

@@ -1,17 +1,25 @@
 """Compiles the custom-op library against the installed TensorFlow.
 
 The C++ sources (the repository's top-level ``custom_ops/``, installed as the
-package data of ``tfcompress._custom_ops``; every ``*.cc`` in
-``custom_ops/<domain>/cc/ops`` and ``custom_ops/<domain>/cc/kernels``) are
-compiled with the system C++ compiler into one shared library,
+package data of ``tfcompress._custom_ops``) are those each domain's build
+description names (``custom_ops/<domain>/description.bzl``, read by
+:mod:`tfcompress.ops._description`; Bazel and setup.py read the same files).
+They are compiled with the system C++ compiler into one shared library,
 ``libtfcompress_ops.so``, using the flags of the TensorFlow that is installed
-(``tf.sysconfig``). The library is cached under::
+(``tf.sysconfig``) and the description's ``copts``. The descriptions' GPU
+sources (``*_gpu.cu.cc``) are compiled by nvcc into the same library when
+TensorFlow is a CUDA build and an nvcc of its CUDA major version is found
+(``$CUDA_HOME/bin``, an ``nvidia-cuda-nvcc`` wheel, ``$PATH``), for
+:data:`GPU_ARCHS` plus PTX, without fused multiply-add; otherwise the library
+holds CPU kernels only, and the build's last line says why
+(:func:`summary`). The library is cached under::
 
     ${TFCOMPRESS_CACHE_DIR:-~/.cache/tfcompress}/ops/<key>/libtfcompress_ops.so
 
 where ``<key>`` hashes everything the binary depends on: the TensorFlow version
-and flags, the compiler, the system libraries left out, and the content of
-every source and header file (not where they lie: a checkout and an installed
+and flags, the compiler, the system libraries left out, nvcc's release and
+flags when GPU kernels are built, and the content of every source, header and
+description file (not where they lie: a checkout and an installed
 copy of the same sources share one build). A new TensorFlow, a new compiler or
 an edited source therefore gets its own build, and a library is never loaded
 into a TensorFlow it was not built for.
@@ -24,13 +32,15 @@ otherwise). A failed build is remembered in its key directory
 once instead of compiling again, until ``build(force=True)`` (``tfcompress ops
 build --force``) retries.
 
-A domain that needs a system library is left out of the build, alone, when
-that library's header is missing (a one-line preprocessor check): without
+A domain that needs a system library (its description's
+``system_libraries``) is left out of the build, alone, when that library's
+header is missing (a one-line preprocessor check): without
 zlib's ``zlib.h`` the Deflate value codec (``custom_ops/value_codecs``) is not
 compiled and every other kernel still is; its ops then run their pure-TF
 reference (:mod:`tfcompress.ops._loader` says so once, with the install hint).
 ``TFCOMPRESS_OPS_WITHOUT=zlib`` treats a library as missing whether or not its
-header exists: the tests simulate a machine without zlib that way.
+header exists: the tests simulate a machine without zlib that way;
+``TFCOMPRESS_OPS_WITHOUT=cuda`` builds no GPU kernels.
 
 Several processes (the workers of one job) may start at the same moment: the
 build is serialised by a lock file in the key directory, and the library is
@@ -63,22 +73,28 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+from tfcompress.ops import _description
+
 __all__ = [
     "FAILURE_MARKER",
+    "GPU_ARCHS",
     "LIBRARY_NAME",
     "BuildError",
     "CompilerNotFoundError",
+    "GpuBuild",
     "LeftOut",
     "MissingLibraryError",
     "SOURCES_PACKAGE",
     "build",
     "cache_dir",
     "cached_build",
+    "gpu_build",
     "left_out",
     "library_path",
     "op_domains",
     "source_root",
     "sources_digest",
+    "summary",
 ]
 
 LIBRARY_NAME = "libtfcompress_ops.so"
@@ -92,37 +108,10 @@ SOURCES_PACKAGE = "tfcompress._custom_ops"
 _log = logging.getLogger("tfcompress.ops")
 
 # Files whose bytes go into the cache key. Sources are compiled; headers only
-# matter through the sources that include them.
-_KEY_SUFFIXES = (".cc", ".cpp", ".cu", ".h", ".hpp", ".cuh", ".inc")
+# matter through the sources that include them; the build descriptions
+# (description.bzl) choose the sources, flags and libraries.
+_KEY_SUFFIXES = (".cc", ".cpp", ".cu", ".h", ".hpp", ".cuh", ".inc", ".bzl")
 
-# The installed TensorFlow headers trip hundreds of their own deprecation
-# warnings; they say nothing about our code and drown real diagnostics.
-_EXTRA_COMPILE_FLAGS = ("-Wno-deprecated-declarations",)
-
-
-@dataclass(frozen=True)
-class _SystemLibrary:
-    """A system library that some domains need, found through its header."""
-
-    name: str
-    header: str
-    link_flags: tuple[str, ...]
-    domains: tuple[str, ...]
-    what: str
-    install_hint: str
-
-
-# System libraries the kernels call, and the domains left out without them.
-_SYSTEM_LIBRARIES = (
-    _SystemLibrary(
-        name="zlib",
-        header="zlib.h",
-        link_flags=("-lz",),
-        domains=("value_codecs",),
-        what="the Deflate value codec (deflate_encode, deflate_decode)",
-        install_hint="apt-get install zlib1g-dev (Debian/Ubuntu) or dnf install zlib-devel (Fedora)",
-    ),
-)
 
 # Names of system libraries to treat as missing (comma-separated), header or not.
 _WITHOUT_ENV_VAR = "TFCOMPRESS_OPS_WITHOUT"
@@ -201,7 +190,12 @@ class LeftOut:
 @dataclass(frozen=True)
 class _Configuration:
     root: pathlib.Path
-    sources: tuple[pathlib.Path, ...]
+    sources: tuple[pathlib.Path, ...]  # CPU sources, compiled by the C++ compiler
+    gpu_sources: tuple[pathlib.Path, ...]  # compiled by nvcc (empty without GPU kernels)
+    domain_copts: dict[str, tuple[str, ...]]  # the descriptions' copts (common's first)
+    cpu_domains: tuple[str, ...]
+    gpu_source_domains: tuple[str, ...]  # the built domains that have GPU sources
+    gpu: GpuBuild
     compiler: tuple[str, ...]
     compiler_version: str
     compile_flags: tuple[str, ...]
@@ -215,32 +209,36 @@ class _Configuration:
 def source_root() -> pathlib.Path:
     """Returns the directory holding the C++ sources (``custom_ops``).
 
-    The sources are the package data of ``tfcompress._custom_ops``, found with
+    When the imported ``tfcompress`` package lies in a source checkout (a
+    ``custom_ops/`` beside it), that checkout's sources are the ones matching
+    its code: they are used even when another checkout is installed in
+    editable mode (a git worktree run with ``PYTHONPATH``). Otherwise the
+    sources are the package data of ``tfcompress._custom_ops``, found with
     :mod:`importlib.resources` wherever the package was installed (a wheel in
-    any prefix, ``pip install --user``, an editable install, which maps the
-    package to the checkout's ``custom_ops/``). A source checkout that is only
-    on ``sys.path`` (never installed) has no such package: its top-level
-    ``custom_ops/`` next to the ``tfcompress/`` package is used.
+    any prefix, ``pip install --user``).
 
     Raises:
         BuildError: neither exists.
     """
-    candidates = []
+    candidates = [_package_dir().parent / "custom_ops"]
     try:
         installed = importlib.resources.files(SOURCES_PACKAGE)
     except ModuleNotFoundError:
         installed = None
     if isinstance(installed, pathlib.Path):  # a zipped install cannot be compiled from
         candidates.append(installed)
-    package_dir = pathlib.Path(__file__).resolve().parent.parent
-    candidates.append(package_dir.parent / "custom_ops")
     for candidate in candidates:
-        if (candidate / "common").is_dir():
+        if (candidate / _description.COMMON / _description.DESCRIPTION_FILE).is_file():
             return candidate
     raise BuildError(
         "tfcompress: C++ sources not found; looked in " + ", ".join(str(c) for c in candidates),
         hint="reinstall tfcompress (the sources are package data of tfcompress._custom_ops)",
     )
+
+
+def _package_dir() -> pathlib.Path:
+    """The folder of the imported ``tfcompress`` package."""
+    return pathlib.Path(__file__).resolve().parent.parent
 
 
 def cache_dir() -> pathlib.Path:
@@ -322,11 +320,37 @@ def build(force: bool = False, verbose: bool = False) -> pathlib.Path:
                 error.hint = _RETRY_HINT
             raise
         _log.warning(
-            "tfcompress: compiled the op library in %.0f s: %s",
+            "tfcompress: compiled the op library in %.0f s (%s): %s",
             time.monotonic() - started,
+            summary(config),
             library,
         )
     return library
+
+
+def summary(config: _Configuration | None = None) -> str:
+    """One line saying what the build for the current configuration compiles.
+
+    E.g. ``CPU kernels for 6 domains; GPU kernels for 4 domains (bitpack, ...)
+    with nvcc 12.5 (sm_80, sm_90)`` or ``CPU kernels for 6 domains; no GPU
+    kernels: TensorFlow 2.21.0 is not a CUDA build``.
+
+    Raises:
+        BuildError: the sources are missing.
+        CompilerNotFoundError: the compiler is missing.
+    """
+    config = _configure() if config is None else config
+    return config.gpu.summary(len(config.cpu_domains))
+
+
+def gpu_build() -> GpuBuild:
+    """Returns what the build for the current configuration does about GPU kernels, and why.
+
+    Raises:
+        BuildError: the sources are missing.
+        CompilerNotFoundError: the compiler is missing.
+    """
+    return _configure().gpu
 
 
 def left_out() -> tuple[LeftOut, ...]:
@@ -394,7 +418,7 @@ def cached_build(tf_version: str, digest: str) -> dict | None:
 
 
 def op_domains(root: pathlib.Path | None = None) -> dict[str, str]:
-    """Maps each op registered in the sources to its domain, read from the ``cc/ops`` files.
+    """Maps each op registered in the sources to its domain, read from the described sources.
 
     Args:
         root: the ``custom_ops`` directory; :func:`source_root` when None.
@@ -404,9 +428,10 @@ def op_domains(root: pathlib.Path | None = None) -> dict[str, str]:
     """
     root = source_root() if root is None else root
     found = {}
-    for path in sorted(root.glob("*/cc/ops/*.cc")):
-        for name in _REGISTERED_OP.findall(path.read_text(errors="replace")):
-            found[name] = path.relative_to(root).parts[0]
+    for domain, description in _descriptions(root).items():
+        for path in description.cpu_sources():
+            for name in _REGISTERED_OP.findall(path.read_text(errors="replace")):
+                found[name] = domain
     return found
 
 
@@ -486,6 +511,11 @@ def _remember_failure(key_dir: pathlib.Path, config: _Configuration, error: Buil
     os.replace(partial, key_dir / FAILURE_MARKER)
 
 
+def _nvcc_host_flags(copts: list[str]) -> list[str]:
+    """A description's copts for nvcc: the warning flags go to the host compiler."""
+    return [f"-Xcompiler={flag}" if flag.startswith("-W") else flag for flag in copts]
+
+
 def _expected_duration(source_count: int) -> str:
     """How long a build takes here: the last timed build, else an estimate from the cores."""
     cores = os.cpu_count() or 1
@@ -515,34 +545,45 @@ def _configure() -> _Configuration:
     import tensorflow as tf  # deferred: importing this module must stay cheap
 
     root = source_root()
-    domains = _selected_domains()
+    selected = _selected_domains()
+    descriptions = _descriptions(root)
     compiler = tuple(shlex.split(os.environ.get("CXX") or "g++"))
     compiler_version = _compiler_version(compiler)
-    missing = _missing_libraries(compiler, domains)
+    missing = _missing_libraries(compiler, selected, descriptions)
     excluded = {domain for library in missing for domain in library.domains}
-    sources = tuple(
-        p
-        for p in sorted(root.glob("*/cc/ops/*.cc")) + sorted(root.glob("*/cc/kernels/*.cc"))
-        if (domains is None or p.relative_to(root).parts[0] in domains)
-        and p.relative_to(root).parts[0] not in excluded
-    )
+    built = [
+        d
+        for name, d in descriptions.items()
+        if name != _description.COMMON
+        and (selected is None or name in selected)
+        and name not in excluded
+    ]
+    sources = tuple(source for d in built for source in d.cpu_sources())
     if not sources:
         raise BuildError(f"tfcompress: no C++ sources under {root}")
+    gpu_sources = {d.domain: tuple(d.gpu_sources()) for d in built}
+    gpu = _plan_gpu(gpu_sources, tf)
     compile_flags = tuple(tf.sysconfig.get_compile_flags())
     link_flags = tuple(tf.sysconfig.get_link_flags())
-    extra_link_flags = _extra_link_flags(domains, missing)
+    extra_link_flags = _extra_link_flags(selected, missing, descriptions) + gpu.link_flags
+    common_copts = descriptions[_description.COMMON].copts
+    domain_copts = {d.domain: common_copts + d.copts for d in built}
 
     digest = hashlib.sha256()
     _update(digest, tf.__version__)
-    _update(digest, "\0".join(compile_flags + _EXTRA_COMPILE_FLAGS))
+    _update(digest, "\0".join(compile_flags))
     _update(digest, "\0".join(link_flags + extra_link_flags))
     _update(digest, compiler_version)
     if missing:  # absent from the key of a complete build, which keeps its old key
         _update(digest, "without " + ",".join(library.library for library in missing))
+    if gpu.domains:  # absent from the key of a CPU-only build
+        _update(digest, "gpu " + gpu.nvcc_version_line)
+        _update(digest, "\0".join(gpu.compile_flags))
     # Paths relative to the root and file contents only: a checkout and an
-    # installed copy of the same sources share one cached build.
+    # installed copy of the same sources share one cached build. The
+    # descriptions (with their copts) are among these files.
     files_digest = hashlib.sha256()
-    for path in _key_files(root, domains):
+    for path in _key_files(root, selected):
         for item in (path.relative_to(root).as_posix(), path.read_bytes()):
             _update(digest, item)
             _update(files_digest, item)
@@ -550,38 +591,79 @@ def _configure() -> _Configuration:
     return _Configuration(
         root=root,
         sources=sources,
+        gpu_sources=tuple(
+            source for d in built if d.domain in gpu.domains for source in d.gpu_sources()
+        ),
+        domain_copts=domain_copts,
         compiler=compiler,
         compiler_version=compiler_version,
         compile_flags=compile_flags,
         link_flags=link_flags + extra_link_flags,
         tf_version=tf.__version__,
         left_out=missing,
+        gpu=gpu,
+        cpu_domains=tuple(d.domain for d in built),
+        gpu_source_domains=tuple(domain for domain, found in gpu_sources.items() if found),
         sources_digest=files_digest.hexdigest(),
         key=digest.hexdigest()[:32],
     )
 
 
-def _extra_link_flags(domains: set[str] | None, missing: tuple[LeftOut, ...]) -> tuple[str, ...]:
+def _descriptions(root: pathlib.Path) -> dict[str, _description.DomainDescription]:
+    try:
+        return _description.describe_all(root)
+    except (OSError, ValueError, SyntaxError) as error:
+        raise BuildError(
+            f"tfcompress: cannot read the build descriptions under {root}: {error}",
+            hint="fix custom_ops/<domain>/description.bzl (one DESCRIPTION = {...} dict literal)",
+        ) from error
+
+
+def _system_libraries(
+    descriptions: dict[str, _description.DomainDescription],
+) -> list[tuple[_description.SystemLibrary, tuple[str, ...]]]:
+    """Each system library some description names, with the domains that need it."""
+    needed: dict[_description.SystemLibrary, list[str]] = {}
+    for name, description in descriptions.items():
+        for library in description.system_libraries:
+            needed.setdefault(library, []).append(name)
+    return [(library, tuple(domains)) for library, domains in needed.items()]
+
+
+def _extra_link_flags(
+    domains: set[str] | None,
+    missing: tuple[LeftOut, ...],
+    descriptions: dict[str, _description.DomainDescription],
+) -> tuple[str, ...]:
     """The link flags of every system library that some domain being built needs."""
     lacking = {item.library for item in missing}
     flags: list[str] = []
-    for library in _SYSTEM_LIBRARIES:
-        needed = domains is None or bool(domains & set(library.domains))
+    for library, needing in _system_libraries(descriptions):
+        needed = domains is None or bool(domains & set(needing))
         if needed and library.name not in lacking:
-            flags.extend(library.link_flags)
+            flags.extend(library.linkopts)
     return tuple(flags)
 
 
-def _missing_libraries(compiler: tuple[str, ...], domains: set[str] | None) -> tuple[LeftOut, ...]:
-    """The system libraries whose header the compiler cannot find, for the selected domains."""
-    pretend = {
+def _pretended_missing() -> set[str]:
+    """The names in ``$TFCOMPRESS_OPS_WITHOUT`` (lower case)."""
+    return {
         name.strip().lower()
         for name in os.environ.get(_WITHOUT_ENV_VAR, "").split(",")
         if name.strip()
     }
+
+
+def _missing_libraries(
+    compiler: tuple[str, ...],
+    domains: set[str] | None,
+    descriptions: dict[str, _description.DomainDescription],
+) -> tuple[LeftOut, ...]:
+    """The system libraries whose header the compiler cannot find, for the selected domains."""
+    pretend = _pretended_missing()
     missing = []
-    for library in _SYSTEM_LIBRARIES:
-        if domains is not None and not domains & set(library.domains):
+    for library, needing in _system_libraries(descriptions):
+        if domains is not None and not domains & set(needing):
             continue
         install_hint = library.install_hint
         if library.name in pretend:
@@ -597,13 +679,211 @@ def _missing_libraries(compiler: tuple[str, ...], domains: set[str] | None) -> t
             LeftOut(
                 library=library.name,
                 header=library.header,
-                domains=library.domains,
+                domains=needing,
                 what=library.what,
                 reason=reason,
                 install_hint=install_hint,
             )
         )
     return tuple(missing)
+
+
+# --- GPU kernels -----------------------------------------------------------------
+
+GPU_ARCHS = ("sm_80", "sm_90")
+"""The GPUs the CUDA kernels are compiled for (A100, H100/H200), as machine code; PTX of the
+newest is added for later GPUs to compile when they load the library."""
+
+# nvcc's flags besides TensorFlow's: CUDA C++ whatever the file's suffix
+# (.cu.cc), TensorFlow's GPU code paths, the constexpr calls Eigen makes from
+# device code, and no fused multiply-add, which would round differently from
+# the CPU functors that the GPU results must equal bit for bit.
+_NVCC_FLAGS = (
+    "-x",
+    "cu",
+    "-std=c++17",
+    "-DGOOGLE_CUDA=1",
+    "--expt-relaxed-constexpr",
+    "--fmad=false",
+    "-Xcompiler",
+    "-fPIC",
+    "-O2",
+)
+
+# The nvidia-cuda-nvcc-cu12 wheels looked at (12.5.82, 12.9.86) hold ptxas,
+# libnvvm and libdevice but no nvcc driver, so the hint names the toolkit; the
+# wheel's folder is still searched, for a release that ships nvcc.
+_NVCC_HINT = (
+    "install the CUDA {major} toolkit (NVIDIA's cuda-toolkit-{major}-x package or runfile) "
+    "and set CUDA_HOME to it"
+)
+
+
+@dataclass(frozen=True)
+class GpuBuild:
+    """What a build does about the CUDA kernels (``gpu_srcs`` of the descriptions).
+
+    Attributes:
+        domains: the domains whose GPU sources are compiled; empty when none are.
+        reason: why no GPU kernels are built ("" when some are).
+        nvcc: the nvcc command (empty when none is used).
+        nvcc_version: e.g. ``"12.5"`` ("" when no nvcc is used).
+        nvcc_version_line: nvcc's full ``--version`` release line (part of the cache key).
+        archs: the GPU architectures compiled for.
+        compile_flags: nvcc's flags besides TensorFlow's and the sources.
+        cxx_flags: what the C++ compiler adds for the ``#if GOOGLE_CUDA``
+            registrations in the CPU sources (the CUDA headers' folders).
+        link_flags: the CUDA runtime's link flags.
+    """
+
+    domains: tuple[str, ...] = ()
+    reason: str = ""
+    nvcc: tuple[str, ...] = ()
+    nvcc_version: str = ""
+    nvcc_version_line: str = ""
+    archs: tuple[str, ...] = ()
+    compile_flags: tuple[str, ...] = ()
+    cxx_flags: tuple[str, ...] = ()
+    link_flags: tuple[str, ...] = ()
+
+    def summary(self, cpu_domains: int) -> str:
+        """One line: what the library holds, e.g. ``CPU kernels for 6 domains; no GPU kernels: ...``."""
+        cpu = f"CPU kernels for {cpu_domains} domain{'s' * (cpu_domains != 1)}"
+        if not self.domains:
+            return f"{cpu}; no GPU kernels: {self.reason}"
+        count = len(self.domains)
+        return (
+            f"{cpu}; GPU kernels for {count} domain{'s' * (count != 1)} "
+            f"({', '.join(self.domains)}) with nvcc {self.nvcc_version} ({', '.join(self.archs)})"
+        )
+
+
+def _tf_cuda_version(tf) -> str | None:
+    """The CUDA version TensorFlow was built with (``"12.5.1"``), or None for a CPU-only build."""
+    info = tf.sysconfig.get_build_info()
+    if not info.get("is_cuda_build"):
+        return None
+    return str(info.get("cuda_version") or "")
+
+
+def _find_nvcc() -> pathlib.Path | None:
+    """nvcc from ``$CUDA_HOME``, else the ``nvidia-cuda-nvcc-cu12`` wheel, else ``$PATH``."""
+    candidates = []
+    cuda_home = os.environ.get("CUDA_HOME")
+    if cuda_home:
+        candidates.append(pathlib.Path(cuda_home) / "bin" / "nvcc")
+    for entry in sys.path:  # the wheel installs nvidia/cuda_nvcc/bin/nvcc into site-packages
+        if entry:
+            candidates.append(pathlib.Path(entry) / "nvidia" / "cuda_nvcc" / "bin" / "nvcc")
+    on_path = shutil.which("nvcc")
+    if on_path:
+        candidates.append(pathlib.Path(on_path))
+    for candidate in candidates:
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+_NVCC_RELEASE = re.compile(r"release (\d+)\.(\d+)")
+
+
+def _nvcc_release(nvcc: pathlib.Path) -> tuple[str, str] | None:
+    """``("12.5", "Cuda compilation tools, release 12.5, V12.5.82")``, or None if nvcc does not run."""
+    try:
+        result = subprocess.run(
+            [str(nvcc), "--version"], capture_output=True, text=True, timeout=60
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    for line in result.stdout.splitlines():
+        match = _NVCC_RELEASE.search(line)
+        if result.returncode == 0 and match:
+            return f"{match[1]}.{match[2]}", line.strip()
+    return None
+
+
+def _cuda_folders(nvcc: pathlib.Path) -> tuple[list[pathlib.Path], list[pathlib.Path]]:
+    """The folders holding the CUDA headers and the CUDA runtime library for this nvcc.
+
+    A toolkit keeps both beside ``bin/``; the pip wheels split them between
+    ``nvidia/cuda_nvcc`` and ``nvidia/cuda_runtime`` in one site-packages.
+    """
+    prefix = nvcc.resolve().parent.parent
+    roots = [prefix]
+    if prefix.name == "cuda_nvcc":
+        roots.append(prefix.parent / "cuda_runtime")
+    includes = [r / "include" for r in roots if (r / "include" / "cuda_runtime.h").is_file()]
+    libraries = [
+        r / lib for r in roots for lib in ("lib64", "lib") if any((r / lib).glob("libcudart*"))
+    ]
+    return includes, libraries
+
+
+def _plan_gpu(gpu_sources: dict[str, tuple[pathlib.Path, ...]], tf) -> GpuBuild:
+    """Decides whether the build compiles the GPU sources, and with what.
+
+    GPU kernels are built when some domain being built has GPU sources,
+    TensorFlow is a CUDA build, an nvcc of the CUDA major version TensorFlow
+    was built with is found, and the CUDA headers and runtime lie beside it.
+    ``TFCOMPRESS_OPS_WITHOUT=cuda`` builds without them whatever is installed.
+    """
+    domains = tuple(sorted(domain for domain, sources in gpu_sources.items() if sources))
+    if not domains:
+        return GpuBuild(reason="no domain being built has GPU sources (*_gpu.cu.cc)")
+    if "cuda" in _pretended_missing():
+        return GpuBuild(reason=f"${_WITHOUT_ENV_VAR} lists cuda")
+    cuda_version = _tf_cuda_version(tf)
+    if cuda_version is None:
+        return GpuBuild(reason=f"TensorFlow {tf.__version__} is not a CUDA build")
+    major = cuda_version.split(".")[0]
+    toolkit_hint = _NVCC_HINT.format(major=major)
+    nvcc = _find_nvcc()
+    if nvcc is None:
+        return GpuBuild(
+            reason=f"nvcc not found in $CUDA_HOME/bin, an nvidia-cuda-nvcc wheel or $PATH ({toolkit_hint})"
+        )
+    release = _nvcc_release(nvcc)
+    if release is None:
+        return GpuBuild(reason=f"{nvcc} --version does not name a CUDA release")
+    version, version_line = release
+    if version.split(".")[0] != major:
+        # A library built by another major version would call a CUDA runtime
+        # other than TensorFlow's in the same process.
+        return GpuBuild(
+            reason=(
+                f"nvcc {version} ({nvcc}) is not CUDA {major}, which TensorFlow "
+                f"{tf.__version__} was built with ({cuda_version}): {toolkit_hint}"
+            )
+        )
+    includes, libraries = _cuda_folders(nvcc)
+    if not includes or not libraries:
+        lacking = "cuda_runtime.h" if not includes else "libcudart"
+        return GpuBuild(
+            reason=(
+                f"no {lacking} beside {nvcc} "
+                f"(pip install nvidia-cuda-runtime-cu{major}, or set CUDA_HOME to a full toolkit)"
+            )
+        )
+    static = [lib for lib in libraries if (lib / "libcudart_static.a").is_file()]
+    if static:  # the runtime inside the library: nothing more to find when it loads
+        link_flags = (f"-L{static[0]}", "-l:libcudart_static.a", "-ldl", "-lrt", "-lpthread")
+    else:  # the runtime wheel has only libcudart.so.<major>, no libcudart.so link
+        shared = sorted(libraries[0].glob("libcudart.so*"), key=lambda p: len(p.name))
+        name = shared[0].name if shared else "libcudart.so"
+        link_flags = (f"-L{libraries[0]}", f"-Wl,-rpath,{libraries[0]}", f"-l:{name}")
+    gencode = [f"-gencode=arch=compute_{a[3:]},code={a}" for a in GPU_ARCHS]
+    newest = GPU_ARCHS[-1][3:]
+    gencode.append(f"-gencode=arch=compute_{newest},code=compute_{newest}")
+    return GpuBuild(
+        domains=domains,
+        nvcc=(str(nvcc),),
+        nvcc_version=version,
+        nvcc_version_line=version_line,
+        archs=GPU_ARCHS,
+        compile_flags=(*_NVCC_FLAGS, *gencode),
+        cxx_flags=("-DGOOGLE_CUDA=1", *(f"-I{folder}" for folder in includes)),
+        link_flags=link_flags,
+    )
 
 
 @functools.cache
@@ -732,18 +1012,32 @@ def _compile(config: _Configuration, library: pathlib.Path, verbose: bool) -> No
         "-fPIC",
         "-O2",
         *config.compile_flags,
-        *_EXTRA_COMPILE_FLAGS,
+        *config.gpu.cxx_flags,
+        f"-I{config.root}",
+    ]
+    # nvcc takes TensorFlow's flags but its own spelling of the C++ standard.
+    nvcc_common = [
+        *config.gpu.nvcc,
+        *config.gpu.compile_flags,
+        *(flag for flag in config.compile_flags if not flag.lstrip("-").startswith("std=")),
         f"-I{config.root}",
     ]
     with tempfile.TemporaryDirectory(prefix="build-", dir=key_dir) as scratch:
         scratch_dir = pathlib.Path(scratch)
         objects = []
         commands = []
-        for index, source in enumerate(config.sources):
-            obj = scratch_dir / f"{index:03d}_{source.stem}.o"
-            objects.append(obj)
+        for source in config.sources + config.gpu_sources:
             relative = source.relative_to(config.root)
-            commands.append(([*common, "-c", str(source), "-o", str(obj)], f"compiling {relative}"))
+            obj = scratch_dir / f"{len(objects):03d}_{source.name.replace('.', '_')}.o"
+            objects.append(obj)
+            domain_copts = list(config.domain_copts.get(relative.parts[0], ()))
+            if source in config.gpu_sources:
+                command = [*nvcc_common, *_nvcc_host_flags(domain_copts)]
+            else:
+                command = [*common, *domain_copts]
+            commands.append(
+                ([*command, "-c", str(source), "-o", str(obj)], f"compiling {relative}")
+            )
         # One translation unit per source, compiled side by side: each pulls in
         # most of TensorFlow's headers and takes seconds on its own.
         workers = max(1, min(len(commands), os.cpu_count() or 1))
@@ -777,6 +1071,18 @@ def _compile(config: _Configuration, library: pathlib.Path, verbose: bool) -> No
         "sources": [source.relative_to(config.root).as_posix() for source in config.sources],
         "sources_sha256": config.sources_digest,
         "left_out": [dataclasses.asdict(item) for item in config.left_out],
+        "cpu_domains": list(config.cpu_domains),
+        "gpu_sources": [
+            source.relative_to(config.root).as_posix() for source in config.gpu_sources
+        ],
+        "gpu": {
+            "domains": list(config.gpu.domains),
+            "with_sources": list(config.gpu_source_domains),
+            "reason": config.gpu.reason,
+            "nvcc": config.gpu.nvcc_version_line,
+            "archs": list(config.gpu.archs),
+        },
+        "summary": summary(config),
         "build_seconds": round(seconds, 2),
     }
     info_partial = key_dir / f".build_info.json.{os.getpid()}.tmp"

@@ -20,6 +20,18 @@ The fallback can also be per domain: a library built without a system library
 that needs it, and in ``auto`` mode only those ops run their reference, after
 one warning per missing library that names the package to install.
 
+GPU kernels are per domain too. When an op is asked to run on a GPU (a GPU is
+visible and the device scope is not a CPU) and its domain has GPU sources
+(``custom_ops/<domain>/cc/kernels/*_gpu.cu.cc``) that the loaded library was
+built without (no nvcc, TensorFlow not a CUDA build, ...: the reason is in the
+library's ``build_info.json``), ``auto`` runs the op's reference, on the GPU,
+instead of the CPU kernel with a round trip through host memory, and warns
+once per op with the op's name and the reason; ``kernel`` runs the CPU kernel
+(TensorFlow places it on the CPU) after the same one warning. Ops of domains
+without GPU sources (Deflate, which stays on the CPU; WallClockAfter, whose GPU
+kernel is registered with its CPU one) run their kernel wherever TensorFlow
+places it.
+
 Inside ``tf.function`` the choice is made while tracing: a traced function
 keeps the implementation it was traced with.
 """
@@ -27,6 +39,7 @@ keeps the implementation it was traced with.
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import json
 import os
@@ -71,6 +84,11 @@ _fallback_warned = False
 _left_out_domains: dict[str, _build.LeftOut] = {}
 _left_out_warned: set[str] = set()
 _op_domains: dict[str, str] | None = None  # op name -> domain, read from the sources once
+# What the loaded library holds on the GPU (build_info.json's "gpu"), and the
+# ops already reported for running without a GPU kernel.
+_gpu_built: _build.GpuBuild | None = None
+_gpu_source_domains: frozenset[str] = frozenset()
+_gpu_warned: set[str] = set()
 
 
 def op_name(name: str) -> str:
@@ -176,6 +194,7 @@ def load_library() -> types.ModuleType:
             _library_error = error
             raise
         _left_out_domains = _read_left_out(path)
+        _read_gpu(path)
         _library, _library_path = library, path
         return library
 
@@ -191,6 +210,20 @@ def _read_left_out(path: pathlib.Path) -> dict[str, _build.LeftOut]:
     except (OSError, ValueError, TypeError, KeyError):
         return {}
     return {domain: item for item in items for domain in item.domains}
+
+
+def _read_gpu(path: pathlib.Path) -> None:
+    """Reads which domains of the library at ``path`` have GPU kernels, and why not the others."""
+    global _gpu_built, _gpu_source_domains
+    try:
+        gpu = json.loads((path.parent / "build_info.json").read_text())["gpu"]
+        _gpu_built = _build.GpuBuild(
+            domains=tuple(gpu["domains"]), reason=gpu["reason"], archs=tuple(gpu["archs"])
+        )
+        _gpu_source_domains = frozenset(gpu["with_sources"])
+    except (OSError, ValueError, TypeError, KeyError):  # a library built before GPU kernels
+        _gpu_built = _build.GpuBuild(reason="its build recorded no GPU kernels")
+        _gpu_source_domains = frozenset()
 
 
 def loaded_library_path() -> pathlib.Path | None:
@@ -240,7 +273,11 @@ def use_kernel(kernel: str | None = None) -> bool:
                         _fallback_message(error), RuntimeWarning, stacklevel=_caller_level()
                     )
             return False
-    if kernel is None or not _left_out_domains:
+    if kernel is None:
+        return True
+    if _gpu_source_domains and not _gpu_kernel_for(kernel, mode):
+        return False
+    if not _left_out_domains:
         return True
     left_out = _left_out_for(kernel)
     if left_out is None:
@@ -254,17 +291,88 @@ def use_kernel(kernel: str | None = None) -> bool:
     return False
 
 
-def _left_out_for(kernel: str) -> _build.LeftOut | None:
-    """Why the loaded library lacks ``kernel``, or None when it has it (or nobody knows why)."""
-    if hasattr(_library, op_name(kernel).replace(">", "_")):
+def _gpu_kernel_for(kernel: str, mode: str) -> bool:
+    """Whether ``kernel`` may run as a kernel where it is asked to run.
+
+    False only in ``auto`` mode, for an op asked to run on a GPU whose domain
+    has GPU sources that the loaded library lacks: it then runs its reference,
+    on the GPU. Warns once per op in that case (and in ``kernel`` mode, where
+    the CPU kernel runs).
+    """
+    domain = _domain_of(kernel)
+    if domain not in _gpu_source_domains or domain in _gpu_built.domains:
+        return True
+    device = _gpu_requested()
+    if device is None:
+        return True
+    with _lock:
+        if kernel not in _gpu_warned:
+            _gpu_warned.add(kernel)
+            warnings.warn(
+                _gpu_fallback_message(kernel, device, mode),
+                RuntimeWarning,
+                stacklevel=_caller_level(),
+            )
+    return mode == "kernel"
+
+
+def _gpu_fallback_message(kernel: str, device: str, mode: str) -> str:
+    instead = (
+        "TensorFlow runs its CPU kernel instead (TFCOMPRESS_OPS=kernel), copying through host memory"
+        if mode == "kernel"
+        else "it runs its pure-TensorFlow reference there instead (same results, slower)"
+    )
+    return (
+        f"tfcompress: {op_name(kernel)} was asked to run on {device}, but the op library has no "
+        f"GPU kernel for it (no GPU kernels in this build: {_gpu_built.reason}); {instead}. "
+        "Once the cause is fixed, `tfcompress ops build --force` builds them."
+    )
+
+
+@functools.cache
+def _visible_gpus() -> int:
+    import tensorflow as tf
+
+    return len(tf.config.list_logical_devices("GPU"))
+
+
+def _gpu_requested() -> str | None:
+    """The GPU an op created here and now would be placed on, or None.
+
+    None when TensorFlow sees no GPU or the device scope names a CPU. An
+    empty scope means TensorFlow's default placement: the first GPU.
+    """
+    if not _visible_gpus():
         return None
+    import tensorflow as tf
+
+    if tf.executing_eagerly():
+        device = tf.identity(0.0).device
+    else:  # while tracing: the scope's device, which a no-op records ("" for none)
+        device = tf.no_op().device
+    if not device:
+        return "GPU:0"
+    spec = tf.DeviceSpec.from_string(device)
+    if (spec.device_type or "GPU").upper() != "GPU":
+        return None
+    return f"GPU:{spec.device_index or 0}"
+
+
+def _domain_of(kernel: str) -> str | None:
     global _op_domains
     if _op_domains is None:
         try:
             _op_domains = _build.op_domains()
         except (_build.BuildError, OSError):
             _op_domains = {}
-    return _left_out_domains.get(_op_domains.get(kernel))
+    return _op_domains.get(kernel)
+
+
+def _left_out_for(kernel: str) -> _build.LeftOut | None:
+    """Why the loaded library lacks ``kernel``, or None when it has it (or nobody knows why)."""
+    if hasattr(_library, op_name(kernel).replace(">", "_")):
+        return None
+    return _left_out_domains.get(_domain_of(kernel))
 
 
 def kernel_op(name: str) -> Callable[..., Any]:
