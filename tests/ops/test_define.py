@@ -183,7 +183,7 @@ def _imports(path: pathlib.Path):
 
 def _private_module(name: str) -> bool:
     """The ops package's private modules, which its modules may use."""
-    return name in {"_build", "_define", "_loader"}
+    return name in {"_build", "_define", "_description", "_loader"}
 
 
 @pytest.mark.parametrize(
