@@ -7,8 +7,9 @@
 // devices of common/cc/device.h. Only the kernel files (<domain>.cc) include
 // it: MakeCpuDevice gives the functors a CpuDevice whose runner shares work
 // with the kernel's intra-op worker threads, MakeGpuDevice (CUDA builds) the
-// kernel's CUDA stream. The one InvalidArgument helper of the kernels comes
-// with it (common/cc/kernel_checks.h).
+// kernel's CUDA stream; FunctorType / FunctorData map TensorFlow's element
+// types to the functors' (common/cc/float16_types.h). The one InvalidArgument
+// helper of the kernels comes with it (common/cc/kernel_checks.h).
 //
 // The runner: work is cut into chunks of consecutive units, which the calling
 // thread and up to threads - 1 helpers scheduled on the worker pool claim
@@ -25,12 +26,18 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <mutex>
 
+#include <type_traits>
+
 #include "common/cc/device.h"
+#include "common/cc/float16_types.h"
 #include "common/cc/kernel_checks.h"
 #include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/tensor.h"
+#include "tensorflow/core/framework/types.h"
 #include "tensorflow/core/platform/threadpool.h"
 
 namespace tensorflow {
@@ -121,12 +128,82 @@ inline CpuDevice MakeCpuDevice(OpKernelContext* context) {
   return device;
 }
 
+// Copies `bytes` bytes of host memory (CpuDevice: memory is the host's).
+inline absl::Status CopyToHost(const CpuDevice& /*device*/, const void* from,
+                               void* to, size_t bytes) {
+  if (bytes != 0) std::memcpy(to, from, bytes);
+  return absl::OkStatus();
+}
+
 #if GOOGLE_CUDA
 // The GpuDevice of `context`: its CUDA stream.
 inline GpuDevice MakeGpuDevice(OpKernelContext* context) {
   return GpuDevice{context->eigen_gpu_device().stream()};
 }
+
+// Copies `bytes` bytes from device memory to host memory on `device`'s
+// stream and waits for them (for the few values a GPU kernel must see on the
+// host: an error flag, the byte that holds a stream's padding).
+inline absl::Status CopyToHost(const GpuDevice& device, const void* from,
+                               void* to, size_t bytes) {
+  if (bytes == 0) return absl::OkStatus();
+  cudaError_t status = cudaMemcpyAsync(to, from, bytes, cudaMemcpyDeviceToHost,
+                                       device.stream);
+  if (status == cudaSuccess) status = cudaStreamSynchronize(device.stream);
+  if (status != cudaSuccess) {
+    return absl::InternalError(
+        absl::StrCat("CUDA copy to host failed: ", cudaGetErrorString(status)));
+  }
+  return absl::OkStatus();
+}
 #endif
+
+// MakeDevice<CpuDevice>(context) or MakeDevice<GpuDevice>(context): the
+// functor device of a kernel templated on its device type.
+template <typename Device>
+Device MakeDevice(OpKernelContext* context);
+template <>
+inline CpuDevice MakeDevice<CpuDevice>(OpKernelContext* context) {
+  return MakeCpuDevice(context);
+}
+#if GOOGLE_CUDA
+template <>
+inline GpuDevice MakeDevice<GpuDevice>(OpKernelContext* context) {
+  return MakeGpuDevice(context);
+}
+#endif
+
+// The functors' element type for TensorFlow element type T: Half for
+// Eigen::half, BFloat16 for Eigen::bfloat16 (same size and layout: the raw
+// 16 bits), T itself otherwise.
+template <typename T>
+struct FunctorTypeOf {
+  using type = T;
+};
+template <>
+struct FunctorTypeOf<Eigen::half> {
+  using type = Half;
+};
+template <>
+struct FunctorTypeOf<Eigen::bfloat16> {
+  using type = BFloat16;
+};
+template <typename T>
+using FunctorType = typename FunctorTypeOf<T>::type;
+
+static_assert(sizeof(Half) == sizeof(Eigen::half), "Half is Eigen::half");
+static_assert(sizeof(BFloat16) == sizeof(Eigen::bfloat16),
+              "BFloat16 is Eigen::bfloat16");
+
+// The data of `tensor` (of element type T) as the functors' element type.
+template <typename T>
+const FunctorType<T>* FunctorData(const Tensor& tensor) {
+  return reinterpret_cast<const FunctorType<T>*>(tensor.flat<T>().data());
+}
+template <typename T>
+FunctorType<T>* FunctorData(Tensor* tensor) {
+  return reinterpret_cast<FunctorType<T>*>(tensor->flat<T>().data());
+}
 
 }  // namespace tfcompress
 }  // namespace tensorflow
