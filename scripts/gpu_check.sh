@@ -26,7 +26,8 @@
 # Environment: NVCC (default: nvcc on PATH, else $CUDA_HOME/bin/nvcc),
 # CXX (default g++), GPU_CHECK_ARCH (default 90: sm_90 code plus compute_90
 # PTX), GPU_CHECK_BUILD_DIR (default build/gpu_check), GPU_CHECK_JOBS
-# (parallel compiles; default the number of CPUs).
+# (parallel compiles; default the number of CPUs), GPU_CHECK_HOST_OPT (the
+# optimisation flag of the --cpu-only build; default -O2).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -64,7 +65,7 @@ object_name() {
 
 if [ "$mode" = cpu-only ]; then
   cxx="${CXX:-g++}"
-  flags=(-std=c++17 -O2 -Wall -Wextra -pthread -Icustom_ops -x c++)
+  flags=(-std=c++17 "${GPU_CHECK_HOST_OPT:--O2}" -Wall -Wextra -pthread -Icustom_ops -x c++)
   objects=()
   for source in "${check_sources[@]}"; do
     object="$(object_name "$source")"

@@ -107,7 +107,10 @@ def test_cpu_only_harness_reports_a_mismatch(tmp_path):
     )
     assert broken != text
     check.write_text(broken)
-    env = dict(os.environ, GPU_CHECK_BUILD_DIR=str(tmp_path / "build-broken"))
+    # -O0: only two tiny sizes run, so the build is what takes time.
+    env = dict(
+        os.environ, GPU_CHECK_BUILD_DIR=str(tmp_path / "build-broken"), GPU_CHECK_HOST_OPT="-O0"
+    )
     result = subprocess.run(
         [
             "bash",
