@@ -1,81 +1,167 @@
 // Copyright 2025 The tfcompress Authors. Licensed under the Apache License 2.0.
 //
 // Functors behind TFCompress>PackBits, TFCompress>UnpackBits,
-// TFCompress>PackSigns and TFCompress>UnpackSigns. The bit layout is
-// documented in ../ops/bitpack_ops.cc: value i occupies stream bits
-// [i * bits, (i + 1) * bits), LSB first, and stream bit j is bit j % 8 of byte
-// j / 8. The signs are the same stream with bits = 1. The CPU specialisations
-// live in bitpack.cc; a GPU one would live in bitpack_gpu.cu.cc.
+// TFCompress>PackSigns and TFCompress>UnpackSigns (TensorFlow-free: raw
+// pointers and element counts). The bit layout is the one stream of
+// common/cc/bit_stream.h (documented in ../ops/bitpack_ops.cc): value i
+// occupies stream bits [i * bits, (i + 1) * bits), LSB first, and stream bit
+// j is bit j % 8 of byte j / 8. The signs are the same stream with bits = 1.
+//
+// Where the definitions live: the CpuDevice ones in bitpack_cpu.h
+// (TensorFlow-free too, so the harness in custom_ops/gpu_check can
+// instantiate them; bitpack.cc instantiates them for the kernels), the
+// GpuDevice ones in bitpack_gpu.cu.cc (CUDA builds, GOOGLE_CUDA).
+//
+// Element types: T of PackBits / UnpackBits is uint8_t, int32_t or int64_t;
+// T of PackSigns is Half, BFloat16, float or double
+// (common/cc/float16_types.h), and UnpackSigns also writes int8_t, int16_t,
+// int32_t and int64_t. All pointers are in the device's memory; on a GPU,
+// `packed` of PackSigns is 4-byte aligned (as every tensor and cudaMalloc
+// buffer is).
 
 #ifndef TFCOMPRESS_BITPACK_CC_KERNELS_BITPACK_H_
 #define TFCOMPRESS_BITPACK_CC_KERNELS_BITPACK_H_
 
 #include <cstdint>
-#include <limits>
+#include <cstring>
+#include <type_traits>
 
-#include "tensorflow/core/framework/op_kernel.h"
-#include "tensorflow/core/framework/tensor_types.h"
+#include "common/cc/bit_stream.h"
+#include "common/cc/device.h"
+#include "common/cc/float16_types.h"
 
 namespace tensorflow {
 namespace tfcompress {
 
 // Largest supported `bits`: one value plus a partial byte (< 8 bits) must fit
 // in the 64-bit accumulator of the packers.
-constexpr int kMaxPackBits = 32;
+constexpr int kMaxPackBits = kMaxStreamBits;
 
-// Largest number of values whose packed size, count * bits + 7, fits int64.
-inline int64_t MaxPackableCount(int bits) {
-  return (std::numeric_limits<int64_t>::max() - 7) / bits;
+// Whether x counts as negative for PackSigns: x < 0 as TensorFlow's CPU
+// kernels evaluate it in their denormals-are-zero mode, written on the bits so
+// that every device and floating-point mode agrees: the sign is set and the
+// magnitude is a normal number or infinity (zeros, subnormals and NaN are
+// not negative). A half subnormal converts to a normal float, so for Half
+// only zeros and NaN are excluded.
+TFC_HOST_DEVICE inline bool IsNegativeForSigns(float x) {
+  uint32_t bits;
+  memcpy(&bits, &x, sizeof(bits));
+  // bits in [0x80800000, 0xFF800000]
+  return bits - 0x80800000u <= 0x7F000000u;
+}
+TFC_HOST_DEVICE inline bool IsNegativeForSigns(double x) {
+  uint64_t bits;
+  memcpy(&bits, &x, sizeof(bits));
+  // bits in [0x8010000000000000, 0xFFF0000000000000]
+  return bits - 0x8010000000000000ull <= 0x7FE0000000000000ull;
+}
+TFC_HOST_DEVICE inline bool IsNegativeForSigns(BFloat16 x) {
+  // bits in [0x8080, 0xFF80]
+  return static_cast<uint16_t>(x.bits - 0x8080u) <= 0x7F00u;
+}
+TFC_HOST_DEVICE inline bool IsNegativeForSigns(Half x) {
+  // bits in [0x8001, 0xFC00]
+  return static_cast<uint16_t>(x.bits - 0x8001u) < 0x7C00u;
 }
 
-// Number of bytes that `count` values of `bits` bits occupy. Requires
-// 0 <= count <= MaxPackableCount(bits).
-inline int64_t PackedByteCount(int64_t count, int bits) {
-  return (count * bits + 7) / 8;
+// Whether `value` is a valid code of `bits` bits: 0 <= value < 2^bits.
+template <typename T>
+TFC_HOST_DEVICE inline bool FitsInStreamBits(T value, int bits) {
+  if constexpr (std::is_signed_v<T>) {
+    if (value < 0) return false;
+  }
+  return static_cast<uint64_t>(value) < (uint64_t{1} << bits);
 }
 
 namespace functor {
 
-// Packs `values` into `packed`, which has PackedByteCount(values.size(), bits)
-// bytes. Returns the index of the first value outside [0, 2^bits), or
-// values.size() when all of them fit; `packed` is unspecified in that case.
+// Packs the n `values` into `packed` (PackedByteCount(n, bits) bytes) and
+// sets *first_bad to the index of the first value outside [0, 2^bits), or to
+// n when all of them fit (`packed` is unspecified then). 1 <= bits <= 32.
 template <typename Device, typename T>
-struct PackBits {
-  int64_t operator()(OpKernelContext* context, const Device& device, int bits,
-                     typename TTypes<T>::ConstFlat values,
-                     typename TTypes<uint8_t>::Flat packed) const;
+struct PackBits;
+
+// Reads n values of `bits` bits each from `packed`
+// (PackedByteCount(n, bits) bytes). `bits` must fit in T.
+template <typename Device, typename T>
+struct UnpackBits;
+
+// Writes one bit per element of the n `x` into `packed`
+// (PackedByteCount(n, 1) bytes): 1 where IsNegativeForSigns(x[i]), the
+// padding bits zero.
+template <typename Device, typename T>
+struct PackSigns;
+
+// Reads n signs from `packed` (PackedByteCount(n, 1) bytes): y[i] = -1 where
+// stream bit i is 1, +1 where it is 0.
+template <typename Device, typename T>
+struct UnpackSigns;
+
+// The CPU functors (defined in bitpack_cpu.h). *first_bad is host memory.
+template <typename T>
+struct PackBits<CpuDevice, T> {
+  void operator()(const CpuDevice& device, int bits, const T* values,
+                  int64_t n, uint8_t* packed, int64_t* first_bad) const;
+};
+template <typename T>
+struct UnpackBits<CpuDevice, T> {
+  void operator()(const CpuDevice& device, int bits, const uint8_t* packed,
+                  int64_t n, T* values) const;
+};
+template <typename T>
+struct PackSigns<CpuDevice, T> {
+  void operator()(const CpuDevice& device, const T* x, int64_t n,
+                  uint8_t* packed) const;
+};
+template <typename T>
+struct UnpackSigns<CpuDevice, T> {
+  void operator()(const CpuDevice& device, const uint8_t* packed, int64_t n,
+                  T* y) const;
 };
 
-// Reads values.size() values of `bits` bits each from `packed`, which has
-// PackedByteCount(values.size(), bits) bytes. `bits` must fit in T.
-template <typename Device, typename T>
-struct UnpackBits {
-  void operator()(OpKernelContext* context, const Device& device, int bits,
-                  typename TTypes<uint8_t>::ConstFlat packed,
-                  typename TTypes<T>::Flat values) const;
+#if GOOGLE_CUDA
+// The GPU functors (defined in bitpack_gpu.cu.cc): kernels enqueued on
+// device.stream, no synchronisation. *first_bad is device memory.
+template <typename T>
+struct PackBits<GpuDevice, T> {
+  void operator()(const GpuDevice& device, int bits, const T* values,
+                  int64_t n, uint8_t* packed, int64_t* first_bad) const;
+};
+template <typename T>
+struct UnpackBits<GpuDevice, T> {
+  void operator()(const GpuDevice& device, int bits, const uint8_t* packed,
+                  int64_t n, T* values) const;
+};
+template <typename T>
+struct PackSigns<GpuDevice, T> {
+  void operator()(const GpuDevice& device, const T* x, int64_t n,
+                  uint8_t* packed) const;
+};
+template <typename T>
+struct UnpackSigns<GpuDevice, T> {
+  void operator()(const GpuDevice& device, const uint8_t* packed, int64_t n,
+                  T* y) const;
 };
 
-// Writes one bit per element of `x` into `packed`, which has
-// PackedByteCount(x.size(), 1) bytes: 1 where x < 0, 0 elsewhere (zeros, -0.0
-// and NaN are not negative), the padding bits zero. T is a floating-point
-// type; "x < 0" is the comparison as TensorFlow's CPU kernels evaluate it
-// (so, with their denormals-are-zero mode, a float32, float64 or bfloat16
-// subnormal counts as zero).
-template <typename Device, typename T>
-struct PackSigns {
-  void operator()(OpKernelContext* context, const Device& device,
-                  typename TTypes<T>::ConstFlat x,
-                  typename TTypes<uint8_t>::Flat packed) const;
-};
-
-// Reads y.size() signs from `packed`, which has PackedByteCount(y.size(), 1)
-// bytes: y[i] = -1 where stream bit i is 1, +1 where it is 0.
-template <typename Device, typename T>
-struct UnpackSigns {
-  void operator()(OpKernelContext* context, const Device& device,
-                  typename TTypes<uint8_t>::ConstFlat packed,
-                  typename TTypes<T>::Flat y) const;
-};
+extern template struct PackBits<GpuDevice, uint8_t>;
+extern template struct PackBits<GpuDevice, int32_t>;
+extern template struct PackBits<GpuDevice, int64_t>;
+extern template struct UnpackBits<GpuDevice, uint8_t>;
+extern template struct UnpackBits<GpuDevice, int32_t>;
+extern template struct UnpackBits<GpuDevice, int64_t>;
+extern template struct PackSigns<GpuDevice, Half>;
+extern template struct PackSigns<GpuDevice, BFloat16>;
+extern template struct PackSigns<GpuDevice, float>;
+extern template struct PackSigns<GpuDevice, double>;
+extern template struct UnpackSigns<GpuDevice, Half>;
+extern template struct UnpackSigns<GpuDevice, BFloat16>;
+extern template struct UnpackSigns<GpuDevice, float>;
+extern template struct UnpackSigns<GpuDevice, double>;
+extern template struct UnpackSigns<GpuDevice, int8_t>;
+extern template struct UnpackSigns<GpuDevice, int16_t>;
+extern template struct UnpackSigns<GpuDevice, int32_t>;
+extern template struct UnpackSigns<GpuDevice, int64_t>;
+#endif  // GOOGLE_CUDA
 
 }  // namespace functor
 }  // namespace tfcompress

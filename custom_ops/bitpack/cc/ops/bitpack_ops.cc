@@ -19,10 +19,10 @@
 //   byte 0 = 0b11001101 = 0xCD, byte 1 = 0b00000001 = 0x01.
 
 #include <cstdint>
-#include <limits>
 
 #include "absl/status/status.h"
-#include "absl/strings/str_cat.h"
+#include "common/cc/bit_stream.h"
+#include "common/cc/kernel_checks.h"
 #include "common/cc/op_prefix.h"
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
@@ -37,12 +37,6 @@ using shape_inference::DimensionHandle;
 using shape_inference::InferenceContext;
 using shape_inference::ShapeHandle;
 
-// errors::InvalidArgument is deprecated in favour of this spelling.
-template <typename... Args>
-absl::Status InvalidArgument(const Args&... args) {
-  return absl::InvalidArgumentError(absl::StrCat(args...));
-}
-
 // The attribute constraint only expresses the lower bound (`bits: int >= 1`);
 // the upper bound keeps a value plus a partial byte inside a 64-bit register.
 constexpr int kMaxBits = 32;
@@ -54,11 +48,6 @@ absl::Status GetBits(InferenceContext* c, int* bits) {
                            *bits);
   }
   return absl::OkStatus();
-}
-
-// Largest number of values whose packed size, count * bits + 7, fits int64.
-int64_t MaxPackableCount(int bits) {
-  return (std::numeric_limits<int64_t>::max() - 7) / bits;
 }
 
 // Output of a packer: 1-D, ceil(num_elements(input 0) * bits / 8) bytes.

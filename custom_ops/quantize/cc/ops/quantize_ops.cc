@@ -29,11 +29,11 @@
 // report a damaged payload as InvalidArgument "... corrupted payload ...".
 
 #include <cstdint>
-#include <limits>
 #include <string>
 
 #include "absl/status/status.h"
-#include "absl/strings/str_cat.h"
+#include "common/cc/bit_stream.h"
+#include "common/cc/kernel_checks.h"
 #include "common/cc/op_prefix.h"
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
@@ -47,11 +47,6 @@ using shape_inference::DimensionHandle;
 using shape_inference::InferenceContext;
 using shape_inference::ShapeHandle;
 
-template <typename... Args>
-absl::Status InvalidArgument(const Args&... args) {
-  return absl::InvalidArgumentError(absl::StrCat(args...));
-}
-
 constexpr int kMaxLevels = 255;
 
 int BitLength(int value) {
@@ -61,11 +56,6 @@ int BitLength(int value) {
     value >>= 1;
   }
   return bits;
-}
-
-// Largest count whose packed size, count * bits + 7, fits int64.
-int64_t MaxPackableCount(int bits) {
-  return (std::numeric_limits<int64_t>::max() - 7) / bits;
 }
 
 absl::Status GetQsgdAttrs(InferenceContext* c, int* bits_per_element,

@@ -13,6 +13,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/cc/kernel_checks.h"
 #include "common/cc/op_prefix.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/register_types.h"
@@ -23,15 +24,6 @@ namespace tensorflow {
 namespace tfcompress {
 
 using CPUDevice = Eigen::ThreadPoolDevice;
-
-namespace {
-
-template <typename... Args>
-absl::Status InvalidArgument(const Args&... args) {
-  return absl::InvalidArgumentError(absl::StrCat(args...));
-}
-
-}  // namespace
 
 namespace functor {
 
