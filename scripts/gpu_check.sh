@@ -14,14 +14,16 @@
 #                   CPU functors, serial vs threaded, against the expectations
 #                   each check file states (round trips, references).
 #   harness options are passed to the program: --sizes N,N,... --repeats R
-#   --only NAME,... --list (see custom_ops/gpu_check/gpu_check_main.cu.cc).
+#   --only NAME,... --list (see gpu_check/gpu_check_main.cu.cc).
 #
-# What is compiled: every custom_ops/gpu_check/*.cu.cc (the main program and
+# What is compiled: every gpu_check/*.cu.cc (the main program and
 # one <domain>_check.cu.cc per domain; each check file registers itself with
 # TFC_GPU_CHECK(name, fn), so a new file is picked up with no edit here) and,
 # for nvcc, every custom_ops/<domain>/cc/kernels/*_gpu.cu.cc (the GPU functor
-# definitions). Include paths are relative to custom_ops/ (-Icustom_ops), as
-# in the op library build. No TensorFlow header is used.
+# definitions). The harness lives beside custom_ops/, not in it: it is no part
+# of the op library (nor of its cache key or the wheel). Include paths are the
+# repository root (-I.: "gpu_check/gpu_check.h") and custom_ops/
+# (-Icustom_ops, as in the op library build). No TensorFlow header is used.
 #
 # Environment: NVCC (default: nvcc on PATH, else $CUDA_HOME/bin/nvcc),
 # CXX (default g++), GPU_CHECK_ARCH (default 90: sm_90 code plus compute_90
@@ -40,7 +42,7 @@ fi
 build_dir="${GPU_CHECK_BUILD_DIR:-build/gpu_check}"
 mkdir -p "$build_dir"
 jobs="${GPU_CHECK_JOBS:-$(nproc 2>/dev/null || echo 2)}"
-check_sources=(custom_ops/gpu_check/*.cu.cc)
+check_sources=(gpu_check/*.cu.cc)
 
 # Compiles "$1" (a source) to "$2" (an object) with the rest of the arguments
 # as the compiler command; run in the background, at most $jobs at a time.
@@ -65,7 +67,7 @@ object_name() {
 
 if [ "$mode" = cpu-only ]; then
   cxx="${CXX:-g++}"
-  flags=(-std=c++17 "${GPU_CHECK_HOST_OPT:--O2}" -Wall -Wextra -pthread -Icustom_ops -x c++)
+  flags=(-std=c++17 "${GPU_CHECK_HOST_OPT:--O2}" -Wall -Wextra -pthread -I. -Icustom_ops -x c++)
   objects=()
   for source in "${check_sources[@]}"; do
     object="$(object_name "$source")"
@@ -96,7 +98,7 @@ arch="${GPU_CHECK_ARCH:-90}"
 # time on a small machine); device code is always optimised by ptxas.
 host_opt=-O3
 if [ "$mode" = compile-only ]; then host_opt=-O0; fi
-flags=(-std=c++17 "$host_opt" -DGOOGLE_CUDA=1 --fmad=false -Icustom_ops -x cu
+flags=(-std=c++17 "$host_opt" -DGOOGLE_CUDA=1 --fmad=false -I. -Icustom_ops -x cu
   -gencode "arch=compute_${arch},code=sm_${arch}"
   -gencode "arch=compute_${arch},code=compute_${arch}")
 gpu_sources=(custom_ops/*/cc/kernels/*_gpu.cu.cc)

@@ -31,7 +31,7 @@ from tfcompress.compressors.state import stateless_seed
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "gpu_check.sh"
-CHECK_SOURCES = sorted((ROOT / "custom_ops" / "gpu_check").glob("*_check.cu.cc"))
+CHECK_SOURCES = sorted((ROOT / "gpu_check").glob("*_check.cu.cc"))
 
 
 def _nvcc() -> str | None:
@@ -64,7 +64,7 @@ def _registered_names() -> set[str]:
 
 
 def test_every_check_file_registers_a_check():
-    assert CHECK_SOURCES, "no custom_ops/gpu_check/*_check.cu.cc"
+    assert CHECK_SOURCES, "no gpu_check/*_check.cu.cc"
     for source in CHECK_SOURCES:
         assert "TFC_GPU_CHECK(" in source.read_text(), source.name
     assert {"bitpack", "quantize"} <= _registered_names()
@@ -96,10 +96,11 @@ def test_cpu_only_harness_reports_a_mismatch(tmp_path):
     copy = tmp_path / "repo"
     shutil.copytree(ROOT / "custom_ops", copy / "custom_ops")
     shutil.copytree(ROOT / "scripts", copy / "scripts")
-    for other in (copy / "custom_ops" / "gpu_check").glob("*_check.cu.cc"):
+    shutil.copytree(ROOT / "gpu_check", copy / "gpu_check")
+    for other in (copy / "gpu_check").glob("*_check.cu.cc"):
         if other.name != "bitpack_check.cu.cc":
             other.unlink()  # only the bitpack check is needed: a faster build
-    check = copy / "custom_ops" / "gpu_check" / "bitpack_check.cu.cc"
+    check = copy / "gpu_check" / "bitpack_check.cu.cc"
     text = check.read_text()
     broken = text.replace(
         "for (uint32_t code : codes) writer.Put(code, bits);",

@@ -8,13 +8,13 @@
 // functor headers (<domain>.h, <domain>_cpu.h) and the GPU definitions
 // (<domain>_gpu.cu.cc) compile with nvcc alone, no TensorFlow installed.
 //
-// Each custom_ops/gpu_check/<domain>_check.cu.cc registers its checks with
+// Each gpu_check/<domain>_check.cu.cc registers its checks with
 //
 //   TFC_GPU_CHECK("bitpack", RunBitpackChecks);
 //
 // (a static registration object: the main program runs every check linked
 // into it, in name order; scripts/gpu_check.sh compiles every
-// custom_ops/gpu_check/*.cu.cc, so a new file is picked up without editing
+// gpu_check/*.cu.cc, so a new file is picked up without editing
 // anything else). A check function receives the Harness and, for each
 // generated input (Harness::sizes(), all-zero and extreme values, NaN where
 // the op refuses it):
