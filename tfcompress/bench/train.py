@@ -62,6 +62,7 @@ import os
 import pathlib
 import sys
 import tempfile
+import textwrap
 from typing import NamedTuple
 
 from tfcompress.bench.arguments import (
@@ -543,14 +544,18 @@ def _plot(curves: dict[str, dict], path: pathlib.Path, title: str, target: float
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
     fig, axes = plt.subplots(2, 2, figsize=(12, 8), sharex="col")
-    for label, data in curves.items():
+    # One colour and marker per row: tab10 alone repeats its colours after ten.
+    colours = plt.get_cmap("tab20" if len(curves) > 10 else "tab10").colors
+    markers = "os^Dv<>pP*X"
+    for index, (label, data) in enumerate(curves.items()):
         pts = data["points"]
         seconds = [p["training_seconds"] for p in pts]
         megabytes = [p["bytes_sent"] / 1e6 for p in pts]
+        style = {"color": colours[index % len(colours)], "marker": markers[index % len(markers)]}
         for row, metric in enumerate(("test_accuracy", "loss")):
             values = [p[metric] for p in pts]
-            axes[row][0].plot(seconds, values, "o-", label=label)
-            axes[row][1].plot(megabytes, values, "o-", label=label)
+            axes[row][0].plot(seconds, values, "-", label=label, **style)
+            axes[row][1].plot(megabytes, values, "-", label=label, **style)
     for col in range(2):
         axes[0][col].axhline(target, color="gray", linestyle="--", linewidth=1)
     for row, metric in enumerate(("test accuracy", "training loss")):
@@ -560,7 +565,7 @@ def _plot(curves: dict[str, dict], path: pathlib.Path, title: str, target: float
     axes[1][0].set_xlabel("training time (s)")
     axes[1][1].set_xlabel("MB sent per worker")
     axes[1][1].set_xscale("log")
-    axes[0][0].set_title(title, fontsize=10)
+    axes[0][0].set_title(textwrap.fill(title, 70), fontsize=10)
     axes[0][1].set_title(f"dashed: target {target:.0%}", fontsize=10)
     axes[0][1].legend(fontsize=8)
     fig.tight_layout()
