@@ -53,7 +53,8 @@ std::vector<int64_t> MakeIndices(int64_t d, int kind, uint64_t seed) {
   return indices;
 }
 
-std::vector<int64_t> BitmapPositionsOf(Harness& harness, const CpuDevice& cpu,
+// The set bits of `bitmap` through the CPU functor's two passes.
+std::vector<int64_t> BitmapPositionsOf(const CpuDevice& cpu,
                                        const std::vector<uint8_t>& bitmap) {
   using Positions = fn::BitmapPositions<CpuDevice>;
   const int64_t bytes = static_cast<int64_t>(bitmap.size());
@@ -63,7 +64,6 @@ std::vector<int64_t> BitmapPositionsOf(Harness& harness, const CpuDevice& cpu,
   std::vector<int64_t> positions(count, -1);
   Positions().Write(cpu, bitmap.data(), bytes, scratch.data(),
                     positions.data());
-  (void)harness;
   return positions;
 }
 
@@ -105,9 +105,9 @@ void CheckSet(Harness& harness, int64_t d, int kind) {
                                                 bytes, d),
                  "BitmapEncode " + label + ": padding is zero");
   const std::vector<int64_t> decoded_serial =
-      BitmapPositionsOf(harness, harness.serial(), bitmap);
+      BitmapPositionsOf(harness.serial(), bitmap);
   const std::vector<int64_t> decoded =
-      BitmapPositionsOf(harness, harness.threaded(), bitmap);
+      BitmapPositionsOf(harness.threaded(), bitmap);
   harness.Expect(decoded == indices && decoded_serial == indices,
                  "BitmapPositions " + label + ": round trip");
 
@@ -189,7 +189,7 @@ void CheckSet(Harness& harness, int64_t d, int kind) {
   harness.ExpectSameBytes("BloomQuery " + label + ": cpu threaded vs serial",
                           positives.data(), positives_serial.data(), bytes);
   const std::vector<int64_t> positive_list =
-      BitmapPositionsOf(harness, harness.threaded(), positives);
+      BitmapPositionsOf(harness.threaded(), positives);
   harness.Expect(std::includes(positive_list.begin(), positive_list.end(),
                                indices.begin(), indices.end()),
                  "BloomQuery " + label + ": every index is a positive");

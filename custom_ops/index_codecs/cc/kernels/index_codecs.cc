@@ -184,7 +184,8 @@ class BitmapEncodeOp : public OpKernel {
                    ReadDenseLength("BitmapEncode", context->input(1), &d));
     const Device device = MakeDevice<Device>(context);
     const Tensor& indices = context->input(0);
-    OP_REQUIRES_OK(context, CheckIndices(context, "BitmapEncode", device, indices, d));
+    OP_REQUIRES_OK(context, CheckIndices(context, "BitmapEncode", device,
+                                         indices, d));
     Tensor* output = nullptr;
     OP_REQUIRES_OK(context, context->allocate_output(
                                 0, TensorShape({(d + 7) / 8}), &output));
@@ -300,7 +301,8 @@ class VarintEncodeOp : public OpKernel {
                    ReadDenseLength("VarintEncode", context->input(1), &d));
     const Device device = MakeDevice<Device>(context);
     const Tensor& indices = context->input(0);
-    OP_REQUIRES_OK(context, CheckIndices(context, "VarintEncode", device, indices, d));
+    OP_REQUIRES_OK(context, CheckIndices(context, "VarintEncode", device,
+                                         indices, d));
     const int64_t* index = indices.flat<int64_t>().data();
     const int64_t r = indices.NumElements();
     const functor::VarintEncode<Device> encode;
@@ -352,7 +354,8 @@ class BloomInsertOp : public OpKernel {
                    ReadDenseLength("BloomInsert", context->input(1), &d));
     const Device device = MakeDevice<Device>(context);
     const Tensor& indices = context->input(0);
-    OP_REQUIRES_OK(context, CheckIndices(context, "BloomInsert", device, indices, d));
+    OP_REQUIRES_OK(context, CheckIndices(context, "BloomInsert", device,
+                                         indices, d));
     int64_t m = 0;
     int64_t k = 0;
     OP_REQUIRES_OK(context,
@@ -394,7 +397,8 @@ class BloomQueryOp : public OpKernel {
                                 bytes));
     const Device device = MakeDevice<Device>(context);
     const uint8_t* bits = filter.flat<uint8_t>().data();
-    OP_REQUIRES(context, functor::PaddingIsZero<Device>()(device, bits, bytes, m),
+    OP_REQUIRES(context,
+                functor::PaddingIsZero<Device>()(device, bits, bytes, m),
                 InvalidArgument("BloomQuery: corrupted payload: padding bits "
                                 "after bit ",
                                 m, " are not zero"));

@@ -518,7 +518,8 @@ struct VarintEncode<CpuDevice> {
 
   int64_t Count(const CpuDevice& /*device*/, const int64_t* indices,
                 int64_t r) const {
-    int64_t bytes = index_codecs_internal::VarintLength(static_cast<uint64_t>(r));
+    int64_t bytes =
+        index_codecs_internal::VarintLength(static_cast<uint64_t>(r));
     for (int64_t j = 0; j < r; ++j) {
       bytes += index_codecs_internal::VarintLength(Gap(indices, j));
     }

@@ -125,8 +125,9 @@ __global__ void BloomInsertKernel(const int64_t* indices, int64_t r,
     const uint64_t i = static_cast<uint64_t>(t - j * k);
     const uint64_t bit =
         BloomHash(static_cast<uint64_t>(indices[j])).Bit(i, m);
-    atomicOr(reinterpret_cast<unsigned long long*>(words + (bit >> 6)),  // NOLINT
-             1ull << (bit & 63));
+    auto* word = reinterpret_cast<unsigned long long*>(  // NOLINT
+        words + (bit >> 6));
+    atomicOr(word, 1ull << (bit & 63));
   }
 }
 

@@ -42,7 +42,8 @@ inline int64_t TileCount(int64_t n) {
 // at most a few waves of a large GPU).
 inline unsigned GridFor(int64_t n) {
   const int64_t blocks = (n + kThreads - 1) / kThreads;
-  return static_cast<unsigned>(blocks < 1 ? 1 : (blocks > 65536 ? 65536 : blocks));
+  return static_cast<unsigned>(blocks < 1 ? 1
+                               : (blocks > 65536 ? 65536 : blocks));
 }
 
 // Replaces values[0, count) by their exclusive prefix sums, in one block of
@@ -68,7 +69,9 @@ static __global__ void ExclusiveScanKernel(int64_t* values, int64_t count) {
 
 inline void ExclusiveScan(cudaStream_t stream, int64_t* values,
                           int64_t count) {
-  if (count > 0) ExclusiveScanKernel<<<1, kScanThreads, 0, stream>>>(values, count);
+  if (count > 0) {
+    ExclusiveScanKernel<<<1, kScanThreads, 0, stream>>>(values, count);
+  }
 }
 
 // Atomic minimum / maximum of 64-bit values (CUDA offers them for

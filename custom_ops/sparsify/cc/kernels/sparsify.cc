@@ -127,8 +127,8 @@ class ThresholdSelectOp : public OpKernel {
   void Compute(OpKernelContext* context) override {
     const Tensor& x = context->input(0);
     const Tensor& threshold_tensor = context->input(1);
-    OP_REQUIRES_OK(context,
-                   CheckScalar("ThresholdSelect", "threshold", threshold_tensor));
+    OP_REQUIRES_OK(context, CheckScalar("ThresholdSelect", "threshold",
+                                        threshold_tensor));
     const double threshold = threshold_tensor.scalar<double>()();
     OP_REQUIRES(context, std::isfinite(threshold) && threshold >= 0,
                 InvalidArgument("ThresholdSelect: `threshold` must be finite "
@@ -198,10 +198,9 @@ class SparseScatterOp : public OpKernel {
     const Device device = MakeDevice<Device>(context);
     const int32_t* index = indices.flat<int32_t>().data();
     Tensor scratch;
-    OP_REQUIRES_OK(context, context->allocate_temp(
-                                DT_INT64,
-                                TensorShape({functor::kScatterCheckScratchSize}),
-                                &scratch));
+    const TensorShape scratch_shape({functor::kScatterCheckScratchSize});
+    OP_REQUIRES_OK(context,
+                   context->allocate_temp(DT_INT64, scratch_shape, &scratch));
     const functor::ScatterIndexError error =
         functor::CheckScatterIndices<Device>()(device, index, m, size,
                                                scratch.flat<int64_t>().data());

@@ -38,6 +38,8 @@ namespace functor {
 // its members; the CPU specialisation (Device = CpuDevice) is defined in
 // sparsify_cpu.h, the GPU one (Device = GpuDevice) is declared at the end of
 // this file and defined in sparsify_gpu.cu.cc. Both have the same members.
+// A GPU functor that returns a value (an error index, a count) reads it back
+// and waits for the stream; the others only enqueue their kernels.
 
 // Positions of the k elements of largest magnitude in x[0, n), written
 // ascending to indices[0, k). Ties of magnitude go to the lower index; -0.0

@@ -375,8 +375,8 @@ struct RandomKIndices<CpuDevice> {
                   int64_t k, int32_t* indices, void* /*scratch*/) const {
     // Every uint32 is a valid key: invalid_from lies above them all.
     sparsify_internal::SelectLargest<uint32_t, 32>(
-        device, n, k, uint64_t{1} << 32, [noise](int64_t i) { return noise[i]; },
-        indices);
+        device, n, k, uint64_t{1} << 32,
+        [noise](int64_t i) { return noise[i]; }, indices);
   }
 };
 

@@ -269,7 +269,7 @@ int64_t SelectLargestGpu(cudaStream_t stream, Keys keys, int64_t n, int64_t k,
   return first_invalid < n ? first_invalid : -1;
 }
 
-// --- ThresholdSelect -----------------------------------------------------------
+// --- ThresholdSelect ---------------------------------------------------------
 
 // Scratch (int64 units): the total count, the first non-finite index (n when
 // none), the largest key, the fallback's index (n when none), then the
@@ -305,7 +305,9 @@ __global__ void ThresholdCountKernel(const T* x, int64_t n,
       }
     }
   }
-  if (best != 0) AtomicMaxUint64(reinterpret_cast<uint64_t*>(&scratch[2]), best);
+  if (best != 0) {
+    AtomicMaxUint64(reinterpret_cast<uint64_t*>(&scratch[2]), best);
+  }
   const int64_t tile_count = Reduce(storage).Sum(count);
   if (threadIdx.x == 0) {
     scratch[kThresholdHeader + blockIdx.x] = tile_count;
@@ -353,7 +355,7 @@ __global__ void ThresholdWriteKernel(const T* x, int64_t n,
   }
 }
 
-// --- gather, scatter, checks ---------------------------------------------------
+// --- gather, scatter, checks -------------------------------------------------
 
 template <typename T>
 __global__ void GatherKernel(const T* x, const int32_t* indices, int64_t m,
