@@ -26,7 +26,8 @@
 # Environment: NVCC (default: nvcc on PATH, else $CUDA_HOME/bin/nvcc),
 # CXX (default g++), GPU_CHECK_ARCH (default 90: sm_90 code plus compute_90
 # PTX), GPU_CHECK_BUILD_DIR (default build/gpu_check), GPU_CHECK_JOBS
-# (parallel compiles; default the number of CPUs).
+# (parallel compiles; default the number of CPUs), GPU_CHECK_HOST_OPT (the
+# optimisation flag of the --cpu-only build; default -O2).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -64,7 +65,7 @@ object_name() {
 
 if [ "$mode" = cpu-only ]; then
   cxx="${CXX:-g++}"
-  flags=(-std=c++17 -O2 -Wall -Wextra -pthread -Icustom_ops -x c++)
+  flags=(-std=c++17 "${GPU_CHECK_HOST_OPT:--O2}" -Wall -Wextra -pthread -Icustom_ops -x c++)
   objects=()
   for source in "${check_sources[@]}"; do
     object="$(object_name "$source")"
@@ -91,7 +92,11 @@ fi
 arch="${GPU_CHECK_ARCH:-90}"
 # --fmad=false: the CPU functors round a * b + c twice; a fused multiply-add
 # would round once and break the bit-for-bit comparison.
-flags=(-std=c++17 -O3 -DGOOGLE_CUDA=1 --fmad=false -Icustom_ops -x cu
+# Compile-only builds nothing that runs: host code at -O0 (half the build
+# time on a small machine); device code is always optimised by ptxas.
+host_opt=-O3
+if [ "$mode" = compile-only ]; then host_opt=-O0; fi
+flags=(-std=c++17 "$host_opt" -DGOOGLE_CUDA=1 --fmad=false -Icustom_ops -x cu
   -gencode "arch=compute_${arch},code=sm_${arch}"
   -gencode "arch=compute_${arch},code=compute_${arch}")
 gpu_sources=(custom_ops/*/cc/kernels/*_gpu.cu.cc)
