@@ -11,8 +11,17 @@
 // range; 0 <= num_selected <= the number of positives; a seed of 2 elements.
 // The work arrays come from the TensorFlow allocator (allocate_temp): a size
 // that cannot be allocated fails with ResourceExhausted instead of aborting.
+//
+// CPU only, by design: the policy is a sequential walk over the conflict sets
+// (each choice depends on the previous ones), of the positives' size, not of
+// the dense length; on a GPU machine TensorFlow runs it on the CPU. So its
+// functor keeps the OpKernelContext (for allocate_temp) and is not part of
+// the TensorFlow-free functor headers.
 
 #define EIGEN_USE_THREADS
+#if GOOGLE_CUDA
+#define EIGEN_USE_GPU
+#endif
 
 #include "index_codecs/cc/kernels/bloom_conflict_sets.h"
 
@@ -27,6 +36,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/cc/kernel_checks.h"
 #include "common/cc/op_prefix.h"
+#include "common/cc/tf_device.h"
 #include "index_codecs/cc/kernels/index_codecs.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
@@ -36,7 +46,6 @@
 namespace tensorflow {
 namespace tfcompress {
 
-using CPUDevice = Eigen::ThreadPoolDevice;
 
 namespace {
 
@@ -191,8 +200,8 @@ absl::Status ReadScalar(const char* what, const char* symbol,
 namespace functor {
 
 template <>
-struct BloomConflictSets<CPUDevice> {
-  absl::Status operator()(OpKernelContext* context, const CPUDevice& device,
+struct BloomConflictSets<CpuDevice> {
+  absl::Status operator()(OpKernelContext* context, const CpuDevice& device,
                           typename TTypes<int64_t>::ConstFlat positives,
                           int64_t num_bits, int64_t num_hashes,
                           int64_t num_selected, uint64_t stream,
@@ -362,8 +371,8 @@ class BloomConflictSetsOp : public OpKernel {
     OP_REQUIRES_OK(context,
                    context->allocate_output(0, TensorShape({r}), &output));
     OP_REQUIRES_OK(context,
-                   functor::BloomConflictSets<CPUDevice>()(
-                       context, context->eigen_device<CPUDevice>(),
+                   functor::BloomConflictSets<CpuDevice>()(
+                       context, MakeCpuDevice(context),
                        positives.flat<int64_t>(), m, k, r,
                        ConflictSetsStream(seed_flat(0), seed_flat(1)),
                        output->flat<int64_t>()));

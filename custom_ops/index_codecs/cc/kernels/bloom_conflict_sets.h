@@ -48,6 +48,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "common/cc/device.h"
 #include "index_codecs/cc/kernels/index_codecs.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor_types.h"

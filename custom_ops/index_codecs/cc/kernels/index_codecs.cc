@@ -1,7 +1,11 @@
 // Copyright 2025 The tfcompress Authors. Licensed under the Apache License 2.0.
 //
-// CPU kernels for the DeepReduce index codecs: bitmap, run length over the
+// Op kernels of the DeepReduce index codecs: bitmap, run length over the
 // bitmap, delta + LEB128 varint, and the Bloom filter's insert and query.
+// Each kernel checks its inputs, allocates its outputs (sized by the
+// functors' counting passes) and calls the functors of index_codecs.h (CPU
+// definitions in index_codecs_cpu.h, instantiated here; GPU ones in
+// index_codecs_gpu.cu.cc, registered here under GOOGLE_CUDA).
 //
 // Every kernel checks all of its inputs before it allocates or writes
 // anything that depends on them: a corrupted, truncated or hostile buffer
@@ -11,40 +15,32 @@
 // dense lengths up to kMaxDenseLength (2^62) are accepted, and every sum is
 // checked against the remaining room before it is made, so no check can
 // overflow.
-//
-// The byte scans that are linear in the dense length (BitmapDecode,
-// BloomQuery) are sharded over the CPU thread pool; the others are linear in
-// the number of indices and sequential.
 
 #define EIGEN_USE_THREADS
+#if GOOGLE_CUDA
+#define EIGEN_USE_GPU
+#endif
 
 #include "index_codecs/cc/kernels/index_codecs.h"
 
-#include <algorithm>
 #include <cstdint>
-#include <cstring>
-#include <functional>
-#include <vector>
 
 #include "absl/status/status.h"
-#include "absl/strings/str_cat.h"
-#include "common/cc/blocks.h"
+#include "common/cc/device.h"
 #include "common/cc/kernel_checks.h"
 #include "common/cc/op_prefix.h"
+#include "common/cc/tf_device.h"
+#include "index_codecs/cc/kernels/index_codecs_cpu.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
 #include "tensorflow/core/framework/tensor_shape.h"
 #include "tensorflow/core/framework/types.h"
-#include "tensorflow/core/util/work_sharder.h"
 
 namespace tensorflow {
 namespace tfcompress {
-
-using CPUDevice = Eigen::ThreadPoolDevice;
-
 namespace {
 
-// Reads and checks the scalar `dense_length` input.
+// Reads and checks the scalar `dense_length` input (in host memory).
 absl::Status ReadDenseLength(const char* op, const Tensor& tensor,
                              int64_t* dense_length) {
   TF_RETURN_IF_ERROR(CheckScalar(op, "dense_length", tensor));
@@ -57,117 +53,102 @@ absl::Status ReadDenseLength(const char* op, const Tensor& tensor,
 }
 
 // `indices` must be 1-D, strictly increasing, each in [0, dense_length).
-absl::Status CheckIndices(const char* op, const Tensor& tensor,
+template <typename Device>
+absl::Status CheckIndices(OpKernelContext* context, const char* op,
+                          const Device& device, const Tensor& tensor,
                           int64_t dense_length) {
-  return CheckAscendingPositions(op, "indices", tensor, dense_length);
-}
-
-int BitLength(uint64_t value) {
-  int bits = 0;
-  while (value != 0) {
-    ++bits;
-    value >>= 1;
+  TF_RETURN_IF_ERROR(CheckVector(op, "indices", tensor));
+  Tensor scratch;
+  TF_RETURN_IF_ERROR(context->allocate_temp(
+      DT_INT64, TensorShape({functor::kPositionCheckScratchSize}), &scratch));
+  const functor::PositionError error = functor::CheckPositions<Device>()(
+      device, tensor.flat<int64_t>().data(), tensor.NumElements(),
+      dense_length, scratch.flat<int64_t>().data());
+  if (error.at < 0) return absl::OkStatus();
+  if (error.out_of_range) {
+    return InvalidArgument(op, ": `indices[", error.at, "]` = ", error.value,
+                           " is out of range [0, ", dense_length, ")");
   }
-  return bits;
+  return InvalidArgument(op,
+                         ": `indices` must be strictly increasing, but "
+                         "indices[",
+                         error.at - 1, "] = ", error.previous, " and indices[",
+                         error.at, "] = ", error.value);
 }
 
-// Number of bytes that `count` values of `width` bits occupy, or -1 when that
-// exceeds `limit` bytes (computed without overflow).
-int64_t PackedBytesWithin(int64_t count, int width, int64_t limit) {
-  if (width == 0 || count == 0) return 0;
-  if (count > (limit * 8) / width + 1) return -1;
-  const int64_t bytes = (count * width + 7) / 8;
-  return bytes <= limit ? bytes : -1;
-}
-
-// Writes the low `width` bits of `value` at stream bit `bit` (LSB first; the
-// stream must be zero there).
-void WriteBits(uint8_t* stream, int64_t bit, int width, uint64_t value) {
-  for (int b = 0; b < width;) {
-    const int64_t position = bit + b;
-    const int shift = static_cast<int>(position & 7);
-    const int take = std::min(8 - shift, width - b);
-    const uint64_t chunk = (value >> b) & ((uint64_t{1} << take) - 1);
-    stream[position >> 3] |= static_cast<uint8_t>(chunk << shift);
-    b += take;
+// The InvalidArgument of a decoder's counting pass.
+absl::Status DecodeStatusToStatus(const char* op,
+                                  const functor::DecodeStatus& status) {
+  const uint64_t* v = status.detail;
+  const auto s = [](uint64_t value) { return static_cast<int64_t>(value); };
+  using functor::DecodeError;
+  switch (status.error) {
+    case DecodeError::kOk:
+      return absl::OkStatus();
+    case DecodeError::kRunLengthWidths:
+      return InvalidArgument(op,
+                             ": corrupted payload: run widths must be <= ",
+                             kMaxRunLengthWidth, ", got ", v[0], " and ", v[1]);
+    case DecodeError::kRunLengthRuns:
+      return InvalidArgument(op, ": corrupted payload: ", v[0], " runs in ",
+                             s(v[1]), " positions");
+    case DecodeError::kRunLengthZeroWidths:
+      return InvalidArgument(op, ": corrupted payload: ", s(v[0]),
+                             " runs of widths 0 and 0 (every run takes at "
+                             "least one bit)");
+    case DecodeError::kRunLengthFill:
+      return InvalidArgument(op, ": corrupted payload: ", s(v[0]),
+                             " runs of widths ", v[1], " and ", v[2],
+                             " do not fill the ", s(v[3]),
+                             " bytes after the header");
+    case DecodeError::kRunLengthPadding:
+      return InvalidArgument(op,
+                             ": corrupted payload: padding bits are not zero");
+    case DecodeError::kRunLengthPastEnd:
+      return InvalidArgument(op, ": corrupted payload: run ", s(v[0]),
+                             " ends past the dense length ", s(v[1]));
+    case DecodeError::kVarintTruncated:
+      return InvalidArgument(op,
+                             ": corrupted payload: truncated (the last byte "
+                             "continues a varint)");
+    case DecodeError::kVarintOverflow:
+      return InvalidArgument(op, ": corrupted payload: varint ", s(v[0]),
+                             " overflows (more than ", kMaxVarintBytes,
+                             " bytes)");
+    case DecodeError::kVarintNotCanonical:
+      return InvalidArgument(op, ": corrupted payload: varint ", s(v[0]),
+                             " is not canonical (ends in a zero byte)");
+    case DecodeError::kVarintCount:
+      return InvalidArgument(op, ": corrupted payload: a count of ", v[0],
+                             " indices in ", s(v[1]), " positions and ",
+                             s(v[2]), " bytes");
+    case DecodeError::kVarintPastEnd:
+      return InvalidArgument(op, ": corrupted payload: index ", s(v[0]),
+                             " is past the dense length ", s(v[1]));
+    case DecodeError::kVarintCountMismatch:
+      return InvalidArgument(op, ": corrupted payload: the count says ", v[0],
+                             " indices, the data holds ", s(v[1]));
   }
+  return InvalidArgument(op, ": corrupted payload");
 }
 
-// Reads `width` bits at stream bit `bit` (LSB first).
-uint64_t ReadBits(const uint8_t* stream, int64_t bit, int width) {
-  uint64_t value = 0;
-  for (int b = 0; b < width;) {
-    const int64_t position = bit + b;
-    const int shift = static_cast<int>(position & 7);
-    const int take = std::min(8 - shift, width - b);
-    const uint64_t chunk =
-        (static_cast<uint64_t>(stream[position >> 3]) >> shift) &
-        ((uint64_t{1} << take) - 1);
-    value |= chunk << b;
-    b += take;
-  }
-  return value;
-}
-
-// Bits [used_bits, 8 * bytes) of a packed stream must be zero.
-bool PaddingIsZero(const uint8_t* stream, int64_t bytes, int64_t used_bits) {
-  if (bytes == 0) return true;
-  const int64_t used_in_last = used_bits - 8 * (bytes - 1);
-  if (used_in_last >= 8) return true;
-  return (stream[bytes - 1] >> used_in_last) == 0;
-}
-
-void WriteUint64(uint8_t* out, uint64_t value) {
-  for (int b = 0; b < 8; ++b) out[b] = static_cast<uint8_t>(value >> (8 * b));
-}
-
-uint64_t ReadUint64(const uint8_t* in) {
-  uint64_t value = 0;
-  for (int b = 0; b < 8; ++b) value |= static_cast<uint64_t>(in[b]) << (8 * b);
-  return value;
-}
-
-// --- blocks: the unit of parallel work ---------------------------------------
-
-constexpr int64_t kMinBlockSize = int64_t{1} << 14;
-
-// Runs work(block, begin, end) for every block on the CPU thread pool and
-// concatenates the positions each block found, in block order.
-void CollectInBlocks(
-    OpKernelContext* context, int64_t n, int64_t cost_per_element,
-    const std::function<void(int64_t, int64_t, std::vector<int64_t>*)>& work,
-    std::vector<int64_t>* out) {
-  out->clear();
-  if (n == 0) return;
-  const Blocks blocks = MakeBlocks(context, n, kMinBlockSize);
-  std::vector<std::vector<int64_t>> found(blocks.count);
-  const auto* workers = context->device()->tensorflow_cpu_worker_threads();
-  // The cost is only a scheduling hint; capped so that it cannot overflow.
-  const int64_t cost =
-      std::min<int64_t>(blocks.size, int64_t{1} << 40) * cost_per_element;
-  Shard(workers->num_threads, workers->workers, blocks.count, cost,
-        [&](int64_t first, int64_t last) {
-          for (int64_t block = first; block < last; ++block) {
-            work(blocks.Begin(block), blocks.End(block), &found[block]);
-          }
-        });
-  size_t total = 0;
-  for (const auto& part : found) total += part.size();
-  out->reserve(total);
-  for (const auto& part : found) {
-    out->insert(out->end(), part.begin(), part.end());
-  }
-}
-
-absl::Status OutputPositions(OpKernelContext* context,
-                             const std::vector<int64_t>& positions) {
+// Allocates output 0 with the set bits of bitmap[0, bytes), ascending.
+template <typename Device>
+absl::Status OutputBitmapPositions(OpKernelContext* context,
+                                   const Device& device, const uint8_t* bitmap,
+                                   int64_t bytes) {
+  using Positions = functor::BitmapPositions<Device>;
+  Tensor scratch;
+  TF_RETURN_IF_ERROR(context->allocate_temp(
+      DT_INT64, TensorShape({Positions::ScratchSize(bytes)}), &scratch));
+  int64_t* block_counts = scratch.flat<int64_t>().data();
+  const Positions positions;
+  const int64_t count = positions.Count(device, bitmap, bytes, block_counts);
   Tensor* output = nullptr;
-  TF_RETURN_IF_ERROR(context->allocate_output(
-      0, TensorShape({static_cast<int64_t>(positions.size())}), &output));
-  if (!positions.empty()) {
-    std::memcpy(output->flat<int64_t>().data(), positions.data(),
-                positions.size() * sizeof(int64_t));
-  }
+  TF_RETURN_IF_ERROR(
+      context->allocate_output(0, TensorShape({count}), &output));
+  positions.Write(device, bitmap, bytes, block_counts,
+                  output->flat<int64_t>().data());
   return absl::OkStatus();
 }
 
@@ -190,126 +171,9 @@ absl::Status CheckBloomParameters(const char* op, const Tensor& num_bits_tensor,
   return absl::OkStatus();
 }
 
-// Positions per stage of QueryRange: its scratch arrays stay in L1.
-constexpr int64_t kQueryChunk = 512;
-
-// The query loop for one range reduction (reduce(x) is ReduceToBit(x, m)).
-// Each hash rejects about half of the positions still in the running, at
-// random: as branches those tests would mispredict about every other time.
-// So the positions of a chunk go through the hashes in rounds, without
-// branches: round i tests hash i of every survivor of round i - 1 and
-// compacts the survivors in place (scratch arrays that stay in L1). The
-// rounds cost about twice the first one, and the loop is bound by the
-// filter's memory accesses once the filter outgrows the L2 cache.
-template <typename Reduce>
-void QueryRange(const uint8_t* bits, uint64_t k, int64_t begin, int64_t end,
-                Reduce reduce, std::vector<int64_t>* found) {
-  auto is_set = [bits](uint64_t bit) -> int64_t {
-    return (bits[bit >> 3] >> (bit & 7)) & 1;
-  };
-  int64_t candidates[kQueryChunk];
-  uint64_t hash[kQueryChunk];  // h1 + i h2 of the round
-  uint64_t step[kQueryChunk];  // h2
-  for (int64_t chunk = begin; chunk < end; chunk += kQueryChunk) {
-    const int64_t chunk_end = std::min(end, chunk + kQueryChunk);
-    int64_t n = 0;
-    for (int64_t p = chunk; p < chunk_end; ++p) {  // hash 0
-      const uint64_t h1 = Mix64(static_cast<uint64_t>(p) + kSplitMixGamma);
-      candidates[n] = p;
-      hash[n] = h1;
-      n += is_set(reduce(h1));
-    }
-    if (k > 1) {  // hash 1: h2 is computed for the survivors of hash 0 only
-      int64_t kept = 0;
-      for (int64_t j = 0; j < n; ++j) {
-        const int64_t p = candidates[j];
-        const uint64_t h2 =
-            Mix64(static_cast<uint64_t>(p) + 2 * kSplitMixGamma) | 1;
-        const uint64_t x = hash[j] + h2;
-        candidates[kept] = p;
-        hash[kept] = x;
-        step[kept] = h2;
-        kept += is_set(reduce(x));
-      }
-      n = kept;
-    }
-    for (uint64_t i = 2; i < k && n > 0; ++i) {  // hashes 2 .. k-1
-      int64_t kept = 0;
-      for (int64_t j = 0; j < n; ++j) {
-        const uint64_t x = hash[j] + step[j];
-        const uint64_t h2 = step[j];
-        candidates[kept] = candidates[j];
-        hash[kept] = x;
-        step[kept] = h2;
-        kept += is_set(reduce(x));
-      }
-      n = kept;
-    }
-    found->insert(found->end(), candidates, candidates + n);
-  }
-}
-
-}  // namespace
-
-// --- functors -------------------------------------------------------------
-
-namespace functor {
-
-template <>
-struct BloomQuery<CPUDevice> {
-  void operator()(OpKernelContext* context, const CPUDevice& device,
-                  typename TTypes<uint8_t>::ConstFlat filter,
-                  int64_t num_bits, int64_t num_hashes, int64_t dense_length,
-                  std::vector<int64_t>* positives) const {
-    const uint8_t* bits = filter.data();
-    const uint64_t m = static_cast<uint64_t>(num_bits);
-    const uint64_t k = static_cast<uint64_t>(num_hashes);
-    // The reduction is chosen once per call, not per hash: the loop's body
-    // is then a multiplication and a shift (or a division for huge filters).
-    CollectInBlocks(
-        context, dense_length, 8 * num_hashes,
-        [&](int64_t begin, int64_t end, std::vector<int64_t>* found) {
-          if (m <= kMaxShiftReducedBits) {
-            QueryRange(bits, k, begin, end,
-                       [m](uint64_t x) { return MultiplyShiftBit(x, m); },
-                       found);
-          } else {
-            QueryRange(bits, k, begin, end, [m](uint64_t x) { return x % m; },
-                       found);
-          }
-        },
-        positives);
-  }
-};
-
-template <>
-struct BitmapPositions<CPUDevice> {
-  void operator()(OpKernelContext* context, const CPUDevice& device,
-                  typename TTypes<uint8_t>::ConstFlat bitmap,
-                  std::vector<int64_t>* positions) const {
-    const uint8_t* bytes = bitmap.data();
-    CollectInBlocks(
-        context, bitmap.size(), 4,
-        [&](int64_t begin, int64_t end, std::vector<int64_t>* found) {
-          for (int64_t byte = begin; byte < end; ++byte) {
-            unsigned value = bytes[byte];
-            while (value != 0) {
-              const int bit = __builtin_ctz(value);
-              found->push_back(8 * byte + bit);
-              value &= value - 1;
-            }
-          }
-        },
-        positions);
-  }
-};
-
-}  // namespace functor
-
-namespace {
-
 // --- bitmap ----------------------------------------------------------------
 
+template <typename Device>
 class BitmapEncodeOp : public OpKernel {
  public:
   explicit BitmapEncodeOp(OpKernelConstruction* context) : OpKernel(context) {}
@@ -318,20 +182,20 @@ class BitmapEncodeOp : public OpKernel {
     int64_t d = 0;
     OP_REQUIRES_OK(context,
                    ReadDenseLength("BitmapEncode", context->input(1), &d));
-    const Tensor& indices_tensor = context->input(0);
-    OP_REQUIRES_OK(context, CheckIndices("BitmapEncode", indices_tensor, d));
+    const Device device = MakeDevice<Device>(context);
+    const Tensor& indices = context->input(0);
+    OP_REQUIRES_OK(context, CheckIndices(context, "BitmapEncode", device,
+                                         indices, d));
     Tensor* output = nullptr;
     OP_REQUIRES_OK(context, context->allocate_output(
                                 0, TensorShape({(d + 7) / 8}), &output));
-    uint8_t* bytes = output->flat<uint8_t>().data();
-    std::memset(bytes, 0, (d + 7) / 8);
-    const auto indices = indices_tensor.flat<int64_t>();
-    for (int64_t j = 0; j < indices.size(); ++j) {
-      bytes[indices(j) >> 3] |= static_cast<uint8_t>(1u << (indices(j) & 7));
-    }
+    functor::BitmapEncode<Device>()(device, indices.flat<int64_t>().data(),
+                                    indices.NumElements(), d,
+                                    output->flat<uint8_t>().data());
   }
 };
 
+template <typename Device>
 class BitmapDecodeOp : public OpKernel {
  public:
   explicit BitmapDecodeOp(OpKernelConstruction* context) : OpKernel(context) {}
@@ -347,25 +211,19 @@ class BitmapDecodeOp : public OpKernel {
                 InvalidArgument("BitmapDecode: corrupted payload: a bitmap of ",
                                 d, " positions has ", (d + 7) / 8,
                                 " bytes, got ", bytes));
-    const auto flat = data.flat<uint8_t>();
-    OP_REQUIRES(context, PaddingIsZero(flat.data(), bytes, d),
+    const Device device = MakeDevice<Device>(context);
+    const uint8_t* bitmap = data.flat<uint8_t>().data();
+    OP_REQUIRES(context,
+                functor::PaddingIsZero<Device>()(device, bitmap, bytes, d),
                 InvalidArgument("BitmapDecode: corrupted payload: padding "
                                 "bits after position ",
                                 d, " are not zero"));
-    std::vector<int64_t> positions;
-    functor::BitmapPositions<CPUDevice>()(
-        context, context->eigen_device<CPUDevice>(), flat, &positions);
-    OP_REQUIRES_OK(context, OutputPositions(context, positions));
+    OP_REQUIRES_OK(context,
+                   OutputBitmapPositions(context, device, bitmap, bytes));
   }
 };
 
 // --- run length ------------------------------------------------------------
-//
-// Layout: [zero_width u8][one_width u8][runs u64 LE], then `runs` zero-run
-// codes of zero_width bits, padded to a byte, then `runs` one-run codes of
-// one_width bits, padded to a byte. Run j of ones starts after a run of zeros
-// of length zero_code[j] + (j > 0 ? 1 : 0) and has length one_code[j] + 1;
-// the zeros after the last run are implied by the dense length.
 //
 // Every run costs at least one bit of the body: when all codes of both
 // streams are 0 (the index set {0, 2, 4, ...}) the encoder writes a zero-run
@@ -374,6 +232,7 @@ class BitmapDecodeOp : public OpKernel {
 // by 8 * (bytes - 10), the payload size, whatever the dense length; and the
 // positions it writes are bounded by the dense length.
 
+template <typename Device>
 class RunLengthEncodeOp : public OpKernel {
  public:
   explicit RunLengthEncodeOp(OpKernelConstruction* context)
@@ -383,55 +242,22 @@ class RunLengthEncodeOp : public OpKernel {
     int64_t d = 0;
     OP_REQUIRES_OK(context,
                    ReadDenseLength("RunLengthEncode", context->input(1), &d));
-    const Tensor& indices_tensor = context->input(0);
-    OP_REQUIRES_OK(context,
-                   CheckIndices("RunLengthEncode", indices_tensor, d));
-    const auto indices = indices_tensor.flat<int64_t>();
-    const int64_t r = indices.size();
-    std::vector<uint64_t> zero_codes;
-    std::vector<uint64_t> one_codes;
-    int64_t end = 0;  // one past the last position of the previous run
-    for (int64_t j = 0; j < r;) {
-      int64_t last = j;
-      while (last + 1 < r && indices(last + 1) == indices(last) + 1) ++last;
-      const bool first = zero_codes.empty();
-      zero_codes.push_back(indices(j) - end - (first ? 0 : 1));
-      one_codes.push_back(last - j);
-      end = indices(last) + 1;
-      j = last + 1;
-    }
-    int zero_width = 0;
-    int one_width = 0;
-    for (const uint64_t code : zero_codes) {
-      zero_width = std::max(zero_width, BitLength(code));
-    }
-    for (const uint64_t code : one_codes) {
-      one_width = std::max(one_width, BitLength(code));
-    }
-    const int64_t runs = zero_codes.size();
-    if (runs > 0 && zero_width == 0 && one_width == 0) zero_width = 1;
-    const int64_t zero_bytes = (runs * zero_width + 7) / 8;
-    const int64_t one_bytes = (runs * one_width + 7) / 8;
+    const Device device = MakeDevice<Device>(context);
+    const Tensor& indices = context->input(0);
+    OP_REQUIRES_OK(context, CheckIndices(context, "RunLengthEncode", device,
+                                         indices, d));
+    const int64_t* index = indices.flat<int64_t>().data();
+    const int64_t r = indices.NumElements();
+    const functor::RunLengthEncode<Device> encode;
+    const functor::RunLengthLayout layout = encode.Count(device, index, r);
     Tensor* output = nullptr;
-    OP_REQUIRES_OK(
-        context,
-        context->allocate_output(
-            0, TensorShape({kRunLengthHeaderBytes + zero_bytes + one_bytes}),
-            &output));
-    uint8_t* out = output->flat<uint8_t>().data();
-    std::memset(out, 0, output->NumElements());
-    out[0] = static_cast<uint8_t>(zero_width);
-    out[1] = static_cast<uint8_t>(one_width);
-    WriteUint64(out + 2, static_cast<uint64_t>(runs));
-    uint8_t* zero_stream = out + kRunLengthHeaderBytes;
-    uint8_t* one_stream = zero_stream + zero_bytes;
-    for (int64_t j = 0; j < runs; ++j) {
-      WriteBits(zero_stream, j * zero_width, zero_width, zero_codes[j]);
-      WriteBits(one_stream, j * one_width, one_width, one_codes[j]);
-    }
+    OP_REQUIRES_OK(context, context->allocate_output(
+                                0, TensorShape({layout.bytes}), &output));
+    encode.Write(device, index, r, layout, output->flat<uint8_t>().data());
   }
 };
 
+template <typename Device>
 class RunLengthDecodeOp : public OpKernel {
  public:
   explicit RunLengthDecodeOp(OpKernelConstruction* context)
@@ -444,126 +270,27 @@ class RunLengthDecodeOp : public OpKernel {
     OP_REQUIRES_OK(context,
                    ReadDenseLength("RunLengthDecode", context->input(1), &d));
     const int64_t bytes = data.NumElements();
-    const uint8_t* in = data.flat<uint8_t>().data();
     OP_REQUIRES(context, bytes >= kRunLengthHeaderBytes,
                 InvalidArgument("RunLengthDecode: corrupted payload: ", bytes,
                                 " bytes, shorter than the ",
                                 kRunLengthHeaderBytes, "-byte header"));
-    const int zero_width = in[0];
-    const int one_width = in[1];
-    OP_REQUIRES(context,
-                zero_width <= kMaxRunLengthWidth &&
-                    one_width <= kMaxRunLengthWidth,
-                InvalidArgument("RunLengthDecode: corrupted payload: run "
-                                "widths must be <= ",
-                                kMaxRunLengthWidth, ", got ", zero_width,
-                                " and ", one_width));
-    const uint64_t runs_field = ReadUint64(in + 2);
-    // Runs hold at least one position each and are at least one position
-    // apart: 2 * runs - 1 <= d.
-    OP_REQUIRES(context, runs_field <= static_cast<uint64_t>((d + 1) / 2),
-                InvalidArgument("RunLengthDecode: corrupted payload: ",
-                                runs_field, " runs in ", d, " positions"));
-    const int64_t runs = static_cast<int64_t>(runs_field);
-    OP_REQUIRES(context, runs == 0 || zero_width + one_width >= 1,
-                InvalidArgument("RunLengthDecode: corrupted payload: ", runs,
-                                " runs of widths 0 and 0 (every run takes at "
-                                "least one bit)"));
-    const int64_t body = bytes - kRunLengthHeaderBytes;
-    const int64_t zero_bytes = PackedBytesWithin(runs, zero_width, body);
-    const int64_t one_bytes = PackedBytesWithin(runs, one_width, body);
-    OP_REQUIRES(context,
-                zero_bytes >= 0 && one_bytes >= 0 &&
-                    zero_bytes + one_bytes == body,
-                InvalidArgument("RunLengthDecode: corrupted payload: ", runs,
-                                " runs of widths ", zero_width, " and ",
-                                one_width, " do not fill the ", body,
-                                " bytes after the header"));
-    const uint8_t* zero_stream = in + kRunLengthHeaderBytes;
-    const uint8_t* one_stream = zero_stream + zero_bytes;
-    OP_REQUIRES(context,
-                PaddingIsZero(zero_stream, zero_bytes, runs * zero_width) &&
-                    PaddingIsZero(one_stream, one_bytes, runs * one_width),
-                InvalidArgument("RunLengthDecode: corrupted payload: padding "
-                                "bits are not zero"));
-    // Pass 1: check that the runs fit in [0, d), and count the positions.
-    int64_t end = 0;
-    int64_t total = 0;
-    for (int64_t j = 0; j < runs; ++j) {
-      const uint64_t zeros =
-          ReadBits(zero_stream, j * zero_width, zero_width) + (j > 0 ? 1 : 0);
-      const uint64_t ones = ReadBits(one_stream, j * one_width, one_width) + 1;
-      const uint64_t room = static_cast<uint64_t>(d - end);
-      OP_REQUIRES(context, zeros <= room && ones <= room - zeros,
-                  InvalidArgument("RunLengthDecode: corrupted payload: run ",
-                                  j, " ends past the dense length ", d));
-      end += static_cast<int64_t>(zeros + ones);
-      total += static_cast<int64_t>(ones);
-    }
+    const Device device = MakeDevice<Device>(context);
+    const uint8_t* in = data.flat<uint8_t>().data();
+    const functor::RunLengthDecode<Device> decode;
+    const functor::DecodeStatus status = decode.Count(device, in, bytes, d);
+    OP_REQUIRES_OK(context, DecodeStatusToStatus("RunLengthDecode", status));
     Tensor* output = nullptr;
-    OP_REQUIRES_OK(context, context->allocate_output(0, TensorShape({total}),
-                                                     &output));
-    auto positions = output->flat<int64_t>();
-    int64_t next = 0;
-    end = 0;
-    for (int64_t j = 0; j < runs; ++j) {
-      const int64_t zeros = static_cast<int64_t>(
-          ReadBits(zero_stream, j * zero_width, zero_width) + (j > 0 ? 1 : 0));
-      const int64_t ones = static_cast<int64_t>(
-          ReadBits(one_stream, j * one_width, one_width) + 1);
-      end += zeros;
-      for (int64_t i = 0; i < ones; ++i) positions(next++) = end + i;
-      end += ones;
-    }
+    OP_REQUIRES_OK(context, context->allocate_output(
+                                0, TensorShape({status.count}), &output));
+    decode.Write(device, in, bytes, output->flat<int64_t>().data());
   }
 };
 
 // --- delta + varint ----------------------------------------------------------
 //
-// Layout: LEB128 varints (7 bits per byte, least significant group first, high
-// bit set on every byte but the last): first the number of indices r, then
-// the gap g_0 = i_0, g_j = i_j - i_{j-1} - 1 of every index. Canonical: at
-// most kMaxVarintBytes bytes, and a varint of two or more bytes never ends in
-// a zero byte. The count makes truncation at a varint boundary detectable.
+// The count makes truncation at a varint boundary detectable.
 
-int VarintLength(uint64_t value) {
-  return std::max(1, (BitLength(value) + 6) / 7);
-}
-
-uint8_t* WriteVarint(uint8_t* out, uint64_t value) {
-  while (value >= 0x80) {
-    *out++ = static_cast<uint8_t>(value & 0x7F) | 0x80;
-    value >>= 7;
-  }
-  *out++ = static_cast<uint8_t>(value);
-  return out;
-}
-
-// Parses the varint at data[*at], advancing *at. The buffer must end with a
-// byte below 0x80 (checked by the caller), so the scan never leaves it.
-absl::Status ReadVarint(const uint8_t* data, int64_t* at, int64_t ordinal,
-                        uint64_t* value) {
-  *value = 0;
-  for (int length = 0;; ++length) {
-    if (length == kMaxVarintBytes) {
-      return InvalidArgument("VarintDecode: corrupted payload: varint ",
-                             ordinal, " overflows (more than ",
-                             kMaxVarintBytes, " bytes)");
-    }
-    const uint8_t byte = data[*at + length];
-    *value |= static_cast<uint64_t>(byte & 0x7F) << (7 * length);
-    if (byte < 0x80) {
-      if (byte == 0 && length > 0) {
-        return InvalidArgument("VarintDecode: corrupted payload: varint ",
-                               ordinal,
-                               " is not canonical (ends in a zero byte)");
-      }
-      *at += length + 1;
-      return absl::OkStatus();
-    }
-  }
-}
-
+template <typename Device>
 class VarintEncodeOp : public OpKernel {
  public:
   explicit VarintEncodeOp(OpKernelConstruction* context) : OpKernel(context) {}
@@ -572,25 +299,22 @@ class VarintEncodeOp : public OpKernel {
     int64_t d = 0;
     OP_REQUIRES_OK(context,
                    ReadDenseLength("VarintEncode", context->input(1), &d));
-    const Tensor& indices_tensor = context->input(0);
-    OP_REQUIRES_OK(context, CheckIndices("VarintEncode", indices_tensor, d));
-    const auto indices = indices_tensor.flat<int64_t>();
-    const int64_t r = indices.size();
-    auto gap = [&](int64_t j) -> uint64_t {
-      return static_cast<uint64_t>(j == 0 ? indices(0)
-                                          : indices(j) - indices(j - 1) - 1);
-    };
-    int64_t bytes = VarintLength(static_cast<uint64_t>(r));
-    for (int64_t j = 0; j < r; ++j) bytes += VarintLength(gap(j));
+    const Device device = MakeDevice<Device>(context);
+    const Tensor& indices = context->input(0);
+    OP_REQUIRES_OK(context, CheckIndices(context, "VarintEncode", device,
+                                         indices, d));
+    const int64_t* index = indices.flat<int64_t>().data();
+    const int64_t r = indices.NumElements();
+    const functor::VarintEncode<Device> encode;
+    const int64_t bytes = encode.Count(device, index, r);
     Tensor* output = nullptr;
     OP_REQUIRES_OK(context,
                    context->allocate_output(0, TensorShape({bytes}), &output));
-    uint8_t* out = WriteVarint(output->flat<uint8_t>().data(),
-                               static_cast<uint64_t>(r));
-    for (int64_t j = 0; j < r; ++j) out = WriteVarint(out, gap(j));
+    encode.Write(device, index, r, output->flat<uint8_t>().data());
   }
 };
 
+template <typename Device>
 class VarintDecodeOp : public OpKernel {
  public:
   explicit VarintDecodeOp(OpKernelConstruction* context) : OpKernel(context) {}
@@ -602,58 +326,24 @@ class VarintDecodeOp : public OpKernel {
     OP_REQUIRES_OK(context,
                    ReadDenseLength("VarintDecode", context->input(1), &d));
     const int64_t bytes = data.NumElements();
-    const uint8_t* in = data.flat<uint8_t>().data();
     OP_REQUIRES(context, bytes > 0,
                 InvalidArgument("VarintDecode: corrupted payload: empty (no "
                                 "count)"));
-    OP_REQUIRES(context, in[bytes - 1] < 0x80,
-                InvalidArgument("VarintDecode: corrupted payload: truncated "
-                                "(the last byte continues a varint)"));
-    int64_t at = 0;
-    uint64_t count = 0;
-    OP_REQUIRES_OK(context, ReadVarint(in, &at, 0, &count));
-    // Every index takes at least one byte.
-    OP_REQUIRES(context,
-                count <= static_cast<uint64_t>(d) &&
-                    count <= static_cast<uint64_t>(bytes - at),
-                InvalidArgument("VarintDecode: corrupted payload: a count of ",
-                                count, " indices in ", d, " positions and ",
-                                bytes - at, " bytes"));
-    const int64_t body = at;
-    // Pass 1: parse and check every gap.
-    int64_t parsed = 0;
-    int64_t next = 0;  // smallest position the next index may take
-    while (at < bytes) {
-      uint64_t value = 0;
-      OP_REQUIRES_OK(context, ReadVarint(in, &at, parsed + 1, &value));
-      OP_REQUIRES(context,
-                  next < d && value < static_cast<uint64_t>(d - next),
-                  InvalidArgument("VarintDecode: corrupted payload: index ",
-                                  parsed, " is past the dense length ", d));
-      next += static_cast<int64_t>(value) + 1;
-      ++parsed;
-    }
-    OP_REQUIRES(context, parsed == static_cast<int64_t>(count),
-                InvalidArgument("VarintDecode: corrupted payload: the count "
-                                "says ",
-                                count, " indices, the data holds ", parsed));
+    const Device device = MakeDevice<Device>(context);
+    const uint8_t* in = data.flat<uint8_t>().data();
+    const functor::VarintDecode<Device> decode;
+    const functor::DecodeStatus status = decode.Count(device, in, bytes, d);
+    OP_REQUIRES_OK(context, DecodeStatusToStatus("VarintDecode", status));
     Tensor* output = nullptr;
-    OP_REQUIRES_OK(context,
-                   context->allocate_output(0, TensorShape({parsed}), &output));
-    auto positions = output->flat<int64_t>();
-    at = body;
-    next = 0;
-    for (int64_t j = 0; j < parsed; ++j) {
-      uint64_t value = 0;
-      OP_REQUIRES_OK(context, ReadVarint(in, &at, j + 1, &value));
-      positions(j) = next + static_cast<int64_t>(value);
-      next = positions(j) + 1;
-    }
+    OP_REQUIRES_OK(context, context->allocate_output(
+                                0, TensorShape({status.count}), &output));
+    decode.Write(device, in, bytes, output->flat<int64_t>().data());
   }
 };
 
 // --- Bloom filter ------------------------------------------------------------
 
+template <typename Device>
 class BloomInsertOp : public OpKernel {
  public:
   explicit BloomInsertOp(OpKernelConstruction* context) : OpKernel(context) {}
@@ -662,8 +352,10 @@ class BloomInsertOp : public OpKernel {
     int64_t d = 0;
     OP_REQUIRES_OK(context,
                    ReadDenseLength("BloomInsert", context->input(1), &d));
-    const Tensor& indices_tensor = context->input(0);
-    OP_REQUIRES_OK(context, CheckIndices("BloomInsert", indices_tensor, d));
+    const Device device = MakeDevice<Device>(context);
+    const Tensor& indices = context->input(0);
+    OP_REQUIRES_OK(context, CheckIndices(context, "BloomInsert", device,
+                                         indices, d));
     int64_t m = 0;
     int64_t k = 0;
     OP_REQUIRES_OK(context,
@@ -672,20 +364,17 @@ class BloomInsertOp : public OpKernel {
     Tensor* output = nullptr;
     OP_REQUIRES_OK(context, context->allocate_output(
                                 0, TensorShape({(m + 7) / 8}), &output));
-    uint8_t* bits = output->flat<uint8_t>().data();
-    std::memset(bits, 0, (m + 7) / 8);
-    const auto indices = indices_tensor.flat<int64_t>();
-    for (int64_t j = 0; j < indices.size(); ++j) {
-      const BloomHash hash(static_cast<uint64_t>(indices(j)));
-      for (int64_t i = 0; i < k; ++i) {
-        const uint64_t bit =
-            hash.Bit(static_cast<uint64_t>(i), static_cast<uint64_t>(m));
-        bits[bit >> 3] |= static_cast<uint8_t>(1u << (bit & 7));
-      }
-    }
+    using Insert = functor::BloomInsert<Device>;
+    Tensor scratch;
+    OP_REQUIRES_OK(context, context->allocate_temp(
+                                DT_INT64, TensorShape({Insert::ScratchSize(m)}),
+                                &scratch));
+    Insert()(device, indices.flat<int64_t>().data(), indices.NumElements(), m,
+             k, output->flat<uint8_t>().data(), scratch.flat<int64_t>().data());
   }
 };
 
+template <typename Device>
 class BloomQueryOp : public OpKernel {
  public:
   explicit BloomQueryOp(OpKernelConstruction* context) : OpKernel(context) {}
@@ -706,45 +395,76 @@ class BloomQueryOp : public OpKernel {
                 InvalidArgument("BloomQuery: corrupted payload: a filter of ",
                                 m, " bits has ", (m + 7) / 8, " bytes, got ",
                                 bytes));
-    const auto flat = filter.flat<uint8_t>();
-    OP_REQUIRES(context, PaddingIsZero(flat.data(), bytes, m),
+    const Device device = MakeDevice<Device>(context);
+    const uint8_t* bits = filter.flat<uint8_t>().data();
+    OP_REQUIRES(context,
+                functor::PaddingIsZero<Device>()(device, bits, bytes, m),
                 InvalidArgument("BloomQuery: corrupted payload: padding bits "
                                 "after bit ",
                                 m, " are not zero"));
-    std::vector<int64_t> positives;
-    functor::BloomQuery<CPUDevice>()(context,
-                                     context->eigen_device<CPUDevice>(), flat,
-                                     m, k, d, &positives);
-    OP_REQUIRES_OK(context, OutputPositions(context, positives));
+    // The positives as a bitmap over the dense length, then listed.
+    Tensor positives;
+    OP_REQUIRES_OK(context, context->allocate_temp(
+                                DT_UINT8, TensorShape({(d + 7) / 8}),
+                                &positives));
+    uint8_t* marks = positives.flat<uint8_t>().data();
+    functor::BloomQuery<Device>()(device, bits, m, k, d, marks);
+    OP_REQUIRES_OK(context,
+                   OutputBitmapPositions(context, device, marks, (d + 7) / 8));
   }
 };
 
-}  // namespace
-
 REGISTER_KERNEL_BUILDER(Name(TFCOMPRESS_OP_NAME("BitmapEncode"))
                             .Device(DEVICE_CPU),
-                        BitmapEncodeOp);
+                        BitmapEncodeOp<CpuDevice>);
 REGISTER_KERNEL_BUILDER(Name(TFCOMPRESS_OP_NAME("BitmapDecode"))
                             .Device(DEVICE_CPU),
-                        BitmapDecodeOp);
+                        BitmapDecodeOp<CpuDevice>);
 REGISTER_KERNEL_BUILDER(Name(TFCOMPRESS_OP_NAME("RunLengthEncode"))
                             .Device(DEVICE_CPU),
-                        RunLengthEncodeOp);
+                        RunLengthEncodeOp<CpuDevice>);
 REGISTER_KERNEL_BUILDER(Name(TFCOMPRESS_OP_NAME("RunLengthDecode"))
                             .Device(DEVICE_CPU),
-                        RunLengthDecodeOp);
+                        RunLengthDecodeOp<CpuDevice>);
 REGISTER_KERNEL_BUILDER(Name(TFCOMPRESS_OP_NAME("VarintEncode"))
                             .Device(DEVICE_CPU),
-                        VarintEncodeOp);
+                        VarintEncodeOp<CpuDevice>);
 REGISTER_KERNEL_BUILDER(Name(TFCOMPRESS_OP_NAME("VarintDecode"))
                             .Device(DEVICE_CPU),
-                        VarintDecodeOp);
+                        VarintDecodeOp<CpuDevice>);
 REGISTER_KERNEL_BUILDER(Name(TFCOMPRESS_OP_NAME("BloomInsert"))
                             .Device(DEVICE_CPU),
-                        BloomInsertOp);
+                        BloomInsertOp<CpuDevice>);
 REGISTER_KERNEL_BUILDER(Name(TFCOMPRESS_OP_NAME("BloomQuery"))
                             .Device(DEVICE_CPU),
-                        BloomQueryOp);
+                        BloomQueryOp<CpuDevice>);
 
+#if GOOGLE_CUDA
+// The scalars (dense_length; num_bits and num_hashes of the Bloom ops) are
+// read on the host. The run-length and varint coders have no GPU functors
+// yet (index_codecs.h): on a GPU machine TensorFlow runs them on the CPU.
+REGISTER_KERNEL_BUILDER(Name(TFCOMPRESS_OP_NAME("BitmapEncode"))
+                            .Device(DEVICE_GPU)
+                            .HostMemory("dense_length"),
+                        BitmapEncodeOp<GpuDevice>);
+REGISTER_KERNEL_BUILDER(Name(TFCOMPRESS_OP_NAME("BitmapDecode"))
+                            .Device(DEVICE_GPU)
+                            .HostMemory("dense_length"),
+                        BitmapDecodeOp<GpuDevice>);
+REGISTER_KERNEL_BUILDER(Name(TFCOMPRESS_OP_NAME("BloomInsert"))
+                            .Device(DEVICE_GPU)
+                            .HostMemory("dense_length")
+                            .HostMemory("num_bits")
+                            .HostMemory("num_hashes"),
+                        BloomInsertOp<GpuDevice>);
+REGISTER_KERNEL_BUILDER(Name(TFCOMPRESS_OP_NAME("BloomQuery"))
+                            .Device(DEVICE_GPU)
+                            .HostMemory("dense_length")
+                            .HostMemory("num_bits")
+                            .HostMemory("num_hashes"),
+                        BloomQueryOp<GpuDevice>);
+#endif  // GOOGLE_CUDA
+
+}  // namespace
 }  // namespace tfcompress
 }  // namespace tensorflow

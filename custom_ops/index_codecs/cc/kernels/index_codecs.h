@@ -3,18 +3,24 @@
 // Functors and helpers behind the DeepReduce index-codec ops
 // (TFCompress>BitmapEncode/Decode, RunLengthEncode/Decode,
 // VarintEncode/Decode, BloomInsert, BloomQuery). The byte layouts are
-// documented in ../ops/index_codecs_ops.cc and docs/PAYLOADS.md. The CPU
-// specialisations live in index_codecs.cc; a GPU one would live in
-// index_codecs_gpu.cu.cc.
+// documented in ../ops/index_codecs_ops.cc and docs/PAYLOADS.md.
+//
+// This header needs no TensorFlow: the functors take raw pointers (host
+// memory for CpuDevice, device memory for GpuDevice) and counts. Outputs whose
+// length depends on the data come from two passes, a counting pass (its
+// result says how much the caller must allocate, or what is wrong with the
+// input) and a writing pass into the caller's buffer. Bad input is reported
+// as a DecodeStatus or PositionError value, never as a Status; the kernels
+// (index_codecs.cc) turn those into InvalidArgument messages. The CPU
+// definitions are in index_codecs_cpu.h (TensorFlow-free, instantiated in
+// index_codecs.cc), the GPU ones in index_codecs_gpu.cu.cc.
 
 #ifndef TFCOMPRESS_INDEX_CODECS_CC_KERNELS_INDEX_CODECS_H_
 #define TFCOMPRESS_INDEX_CODECS_CC_KERNELS_INDEX_CODECS_H_
 
 #include <cstdint>
-#include <vector>
 
-#include "tensorflow/core/framework/op_kernel.h"
-#include "tensorflow/core/framework/tensor_types.h"
+#include "common/cc/device.h"
 
 namespace tensorflow {
 namespace tfcompress {
@@ -48,7 +54,7 @@ constexpr int kMaxVarintBytes = 9;
 // by bloom_bit_positions in tfcompress/ops/reference/index_codecs.py.
 constexpr uint64_t kSplitMixGamma = 0x9E3779B97F4A7C15ull;
 
-inline uint64_t Mix64(uint64_t z) {
+TFC_HOST_DEVICE inline uint64_t Mix64(uint64_t z) {
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
   return z ^ (z >> 31);
@@ -58,50 +64,251 @@ inline uint64_t Mix64(uint64_t z) {
 constexpr uint64_t kMaxShiftReducedBits = uint64_t{1} << 32;
 
 // Lemire's reduction of the high 32 bits of x to [0, m), m <= 2^32.
-inline uint64_t MultiplyShiftBit(uint64_t x, uint64_t m) {
+TFC_HOST_DEVICE inline uint64_t MultiplyShiftBit(uint64_t x, uint64_t m) {
   return ((x >> 32) * m) >> 32;
 }
 
 // A bit of a filter of m bits from a 64-bit hash value (see above).
-inline uint64_t ReduceToBit(uint64_t x, uint64_t m) {
+TFC_HOST_DEVICE inline uint64_t ReduceToBit(uint64_t x, uint64_t m) {
   return m <= kMaxShiftReducedBits ? MultiplyShiftBit(x, m) : x % m;
 }
 
 struct BloomHash {
   uint64_t h1;
   uint64_t h2;
-  explicit BloomHash(uint64_t position)
+  TFC_HOST_DEVICE explicit BloomHash(uint64_t position)
       : h1(Mix64(position + kSplitMixGamma)),
         h2(Mix64(position + 2 * kSplitMixGamma) | 1) {}
   // Bit selected by hash i in a filter of m bits.
-  uint64_t Bit(uint64_t i, uint64_t m) const {
+  TFC_HOST_DEVICE uint64_t Bit(uint64_t i, uint64_t m) const {
     return ReduceToBit(h1 + i * h2, m);
   }
 };
 
 namespace functor {
 
-// Every position p in [0, dense_length) whose k Bloom bits are all set in
-// `filter` (m bits, bit j is bit j % 8 of byte j / 8), ascending. The scan is
-// sharded over positions on the device's thread pool. Requires m >= 1 and
-// filter.size() == ceil(m / 8).
-template <typename Device>
-struct BloomQuery {
-  void operator()(OpKernelContext* context, const Device& device,
-                  typename TTypes<uint8_t>::ConstFlat filter,
-                  int64_t num_bits, int64_t num_hashes, int64_t dense_length,
-                  std::vector<int64_t>* positives) const;
+// What is wrong with an encoded input, found by a decoder's counting pass
+// (or kOk). `detail` holds the numbers the kernel's message quotes, listed
+// per code.
+enum class DecodeError : int32_t {
+  kOk = 0,
+  // RunLengthDecode: detail = {zero_width, one_width}.
+  kRunLengthWidths,
+  // detail = {runs field, dense_length}.
+  kRunLengthRuns,
+  // detail = {runs}.
+  kRunLengthZeroWidths,
+  // detail = {runs, zero_width, one_width, body bytes}.
+  kRunLengthFill,
+  // The padding bits of a stream are not zero; detail = {}.
+  kRunLengthPadding,
+  // detail = {run, dense_length}.
+  kRunLengthPastEnd,
+  // VarintDecode: the last byte continues a varint; detail = {}.
+  kVarintTruncated,
+  // detail = {ordinal}.
+  kVarintOverflow,
+  // detail = {ordinal}.
+  kVarintNotCanonical,
+  // detail = {count, dense_length, bytes after the count}.
+  kVarintCount,
+  // detail = {index, dense_length}.
+  kVarintPastEnd,
+  // detail = {count, parsed}.
+  kVarintCountMismatch,
 };
 
-// Every set bit of `bitmap` below dense_length, ascending (bit j is bit j % 8
-// of byte j / 8). Sharded over bytes. Requires bitmap.size() ==
-// ceil(dense_length / 8).
-template <typename Device>
-struct BitmapPositions {
-  void operator()(OpKernelContext* context, const Device& device,
-                  typename TTypes<uint8_t>::ConstFlat bitmap,
-                  std::vector<int64_t>* positions) const;
+// A decoder's counting pass: the number of positions the writing pass will
+// write, or an error.
+struct DecodeStatus {
+  DecodeError error = DecodeError::kOk;
+  int64_t count = 0;
+  uint64_t detail[4] = {0, 0, 0, 0};
 };
+
+// The first defect of a set of positions (see CheckPositions).
+struct PositionError {
+  // First j where positions[j] is out of [0, dense_length) or not above
+  // positions[j - 1]; -1 when there is none.
+  int64_t at = -1;
+  // Whether positions[at] is out of range (else: not increasing).
+  bool out_of_range = false;
+  // positions[at], and positions[at - 1] when at > 0.
+  int64_t value = 0;
+  int64_t previous = 0;
+};
+
+// The run-length encoding of a set of indices: what RunLengthEncode's
+// counting pass found.
+struct RunLengthLayout {
+  int64_t runs = 0;
+  int zero_width = 0;
+  int one_width = 0;
+  // kRunLengthHeaderBytes + both padded streams.
+  int64_t bytes = kRunLengthHeaderBytes;
+};
+
+// Each functor below is declared with its contract and the signature of its
+// members; the CPU specialisation (Device = CpuDevice) is defined in
+// index_codecs_cpu.h, the GPU one (Device = GpuDevice) is declared at the
+// end of this file and defined in index_codecs_gpu.cu.cc. Functors that
+// return a value computed on the GPU wait for the stream.
+
+// Device memory (int64 values) that CheckPositions works in.
+constexpr int64_t kPositionCheckScratchSize = 1;
+
+// The first j where positions[j] is outside [0, dense_length) or
+// positions[j] <= positions[j - 1], among positions[0, r). `scratch` is
+// kPositionCheckScratchSize int64 values of the device's memory.
+//
+//   PositionError operator()(const Device& device, const int64_t* positions,
+//                            int64_t r, int64_t dense_length,
+//                            int64_t* scratch) const;
+template <typename Device>
+struct CheckPositions;
+
+// Whether bits [used_bits, 8 * bytes) of stream[0, bytes) are zero.
+//
+//   bool operator()(const Device& device, const uint8_t* stream,
+//                   int64_t bytes, int64_t used_bits) const;
+template <typename Device>
+struct PaddingIsZero;
+
+// The bitmap of checked indices[0, r): ceil(dense_length / 8) bytes, bit p
+// (bit p % 8 of byte p / 8) set iff p is an index.
+//
+//   void operator()(const Device& device, const int64_t* indices, int64_t r,
+//                   int64_t dense_length, uint8_t* bitmap) const;
+template <typename Device>
+struct BitmapEncode;
+
+// The set bits of bitmap[0, bytes), ascending. Count() returns their number
+// and leaves per-block counts in scratch[0, ScratchSize(bytes)) (int64, the
+// device's memory, the caller's allocation); Write() reads them (and may
+// overwrite them) and writes the positions.
+//
+//   static int64_t ScratchSize(int64_t bytes);
+//   int64_t Count(const Device& device, const uint8_t* bitmap, int64_t bytes,
+//                 int64_t* scratch) const;
+//   void Write(const Device& device, const uint8_t* bitmap, int64_t bytes,
+//              int64_t* scratch, int64_t* positions) const;
+template <typename Device>
+struct BitmapPositions;
+
+// Run-length encoding of checked indices[0, r) (layout in
+// ../ops/index_codecs_ops.cc). Count() computes the layout; Write() fills
+// out[0, layout.bytes).
+//
+//   RunLengthLayout Count(const Device& device, const int64_t* indices,
+//                         int64_t r) const;
+//   void Write(const Device& device, const int64_t* indices, int64_t r,
+//              const RunLengthLayout& layout, uint8_t* out) const;
+template <typename Device>
+struct RunLengthEncode;
+
+// Decoding of data[0, bytes) (bytes >= kRunLengthHeaderBytes) for a dense
+// length d. Count() checks everything and returns the number of positions
+// or the first error; Write() (only after a Count() without error) writes
+// them ascending.
+//
+//   DecodeStatus Count(const Device& device, const uint8_t* data,
+//                      int64_t bytes, int64_t dense_length) const;
+//   void Write(const Device& device, const uint8_t* data, int64_t bytes,
+//              int64_t* positions) const;
+template <typename Device>
+struct RunLengthDecode;
+
+// Delta + LEB128 varint coding of checked indices[0, r): Count() returns the
+// encoded length, Write() fills out[0, length).
+//
+//   int64_t Count(const Device& device, const int64_t* indices,
+//                 int64_t r) const;
+//   void Write(const Device& device, const int64_t* indices, int64_t r,
+//              uint8_t* out) const;
+template <typename Device>
+struct VarintEncode;
+
+// Decoding of data[0, bytes) (bytes >= 1) for a dense length d, as for
+// RunLengthDecode.
+//
+//   DecodeStatus Count(const Device& device, const uint8_t* data,
+//                      int64_t bytes, int64_t dense_length) const;
+//   void Write(const Device& device, const uint8_t* data, int64_t bytes,
+//              int64_t* positions) const;
+template <typename Device>
+struct VarintDecode;
+
+// The Bloom filter of checked indices[0, r): m = num_bits bits in
+// ceil(m / 8) bytes, k = num_hashes hashes per index (see BloomHash).
+// `scratch` is ScratchSize(m) int64 values of the device's memory.
+//
+//   static int64_t ScratchSize(int64_t num_bits);
+//   void operator()(const Device& device, const int64_t* indices, int64_t r,
+//                   int64_t num_bits, int64_t num_hashes, uint8_t* filter,
+//                   int64_t* scratch) const;
+template <typename Device>
+struct BloomInsert;
+
+// Marks every position p in [0, dense_length) whose k Bloom bits are all set
+// in `filter` (m bits, bit j is bit j % 8 of byte j / 8) in `positives`, a
+// bitmap of ceil(dense_length / 8) bytes (BitmapPositions then lists them).
+// Requires 1 <= m, 1 <= k <= kMaxBloomHashes.
+//
+//   void operator()(const Device& device, const uint8_t* filter,
+//                   int64_t num_bits, int64_t num_hashes,
+//                   int64_t dense_length, uint8_t* positives) const;
+template <typename Device>
+struct BloomQuery;
+
+#if GOOGLE_CUDA
+// The GPU specialisations (index_codecs_gpu.cu.cc). The run-length and
+// varint coders have none yet: their ops run on the CPU (the kernels are
+// registered for DEVICE_CPU only, and TensorFlow places them there).
+
+template <>
+struct CheckPositions<GpuDevice> {
+  PositionError operator()(const GpuDevice& device, const int64_t* positions,
+                           int64_t r, int64_t dense_length,
+                           int64_t* scratch) const;
+};
+
+template <>
+struct PaddingIsZero<GpuDevice> {
+  bool operator()(const GpuDevice& device, const uint8_t* stream,
+                  int64_t bytes, int64_t used_bits) const;
+};
+
+template <>
+struct BitmapEncode<GpuDevice> {
+  void operator()(const GpuDevice& device, const int64_t* indices, int64_t r,
+                  int64_t dense_length, uint8_t* bitmap) const;
+};
+
+template <>
+struct BitmapPositions<GpuDevice> {
+  static int64_t ScratchSize(int64_t bytes);
+  int64_t Count(const GpuDevice& device, const uint8_t* bitmap, int64_t bytes,
+                int64_t* scratch) const;
+  void Write(const GpuDevice& device, const uint8_t* bitmap, int64_t bytes,
+             int64_t* scratch, int64_t* positions) const;
+};
+
+template <>
+struct BloomInsert<GpuDevice> {
+  // The filter's 64-bit words, which the insertion ORs bits into.
+  static int64_t ScratchSize(int64_t num_bits);
+  void operator()(const GpuDevice& device, const int64_t* indices, int64_t r,
+                  int64_t num_bits, int64_t num_hashes, uint8_t* filter,
+                  int64_t* scratch) const;
+};
+
+template <>
+struct BloomQuery<GpuDevice> {
+  void operator()(const GpuDevice& device, const uint8_t* filter,
+                  int64_t num_bits, int64_t num_hashes, int64_t dense_length,
+                  uint8_t* positives) const;
+};
+#endif  // GOOGLE_CUDA
 
 }  // namespace functor
 }  // namespace tfcompress
