@@ -24,7 +24,7 @@ import sys
 from collections.abc import Callable
 
 import tensorflow as tf
-from tensorflow.core.framework import summary_pb2
+from tensorflow.core.framework import attr_value_pb2, summary_pb2
 from tensorflow.python.distribute import (
     cross_device_ops,
     cross_device_utils,
@@ -34,6 +34,10 @@ from tensorflow.python.distribute import (
 # context: the coordination service's error reporting has no public entry point
 # (report_error_to_cluster).
 from tensorflow.python.eager import context
+
+# auto_control_deps: the resolver hook that takes input checks out of the
+# program-order chain of stateful ops (see unordered_check).
+from tensorflow.python.framework import auto_control_deps
 
 # collective_ops: CollectiveAllToAllV2 has no public Python entry point (launcher_all_to_all).
 from tensorflow.python.ops import collective_ops, resource_variable_ops
@@ -77,10 +81,63 @@ __all__ = [
     "report_error_to_cluster",
     "scalar_summary_metadata",
     "strategy_supports_no_merge_call",
+    "unordered_check",
     "worker_local_variable",
 ]
 
 CHECKED_TF_VERSIONS = ("2.21",)
+
+# -- tf.function: input checks that do not order the replicas ------------------------------------
+#
+# Inside a tf.function, automatic control dependencies make every stateful op
+# without a resource input (an Assert) wait for the previous one, in the order
+# the Python code built them. With several replicas in one process
+# (MirroredStrategy over local devices) the cross-device ops build replica 0's
+# whole aggregation, then replica 1's: a check on replica 0's received payload
+# then comes before replica 1's checks on its own payload, which come before
+# replica 1's collectives, and replica 0's collective waits for those forever.
+# The order of input checks means nothing (each one guards its computation
+# through an explicit control dependency), so the checks tfcompress builds are
+# marked, and a resolver gives each marked op a read-only resource of its own
+# (its first input): it still has to run before the function returns, but
+# it is no longer ordered after, or before, any other op.
+
+_UNORDERED_ATTR = "_tfcompress_unordered_check"
+_CHECK_TYPES = frozenset({"Assert", "CheckNumerics", "CheckNumericsV2"})
+
+
+def unordered_check(op: tf.Operation) -> tf.Operation:
+    """Marks a check (``Assert``, ``CheckNumerics``) as free of program order; returns it.
+
+    The op must still be made a control dependency of what it guards; in a
+    tf.function it runs anyway before the function returns. Eagerly (no op)
+    nothing happens.
+    """
+    if op is not None and not tf.executing_eagerly() and op.type in _CHECK_TYPES:
+        op._set_attr(_UNORDERED_ATTR, attr_value_pb2.AttrValue(b=True))  # pylint: disable=protected-access
+    return op
+
+
+@auto_control_deps.register_acd_resource_resolver
+def _resolve_unordered_checks(op, reads, writes) -> bool:
+    """Gives a marked check its first input as a read-only 'resource' (see above)."""
+    del writes
+    if op.type not in _CHECK_TYPES or not op.inputs:
+        return False
+    try:
+        marked = op.get_attr(_UNORDERED_ATTR)
+    except ValueError:
+        return False
+    first = op.inputs[0]  # the condition of an Assert, the checked tensor of CheckNumerics
+    # TF's own resolver replaces an Identity's output by its input: start from
+    # there, or the two resolvers would undo each other forever.
+    while first.op.type == "Identity" and first.op.inputs:
+        first = first.op.inputs[0]
+    if not marked or first in reads:
+        return False
+    reads.add(first)
+    return True
+
 
 # -- tf.distribute: the aggregation object of a strategy ---------------------------------------
 #

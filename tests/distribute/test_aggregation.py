@@ -1,10 +1,8 @@
 """Aggregation: fused buckets, packs and two-stage aggregation, in-process on 2 CPU replicas.
 
 The multi-worker runs (2 and 3 workers, uneven shards, DeepReduce) are in
-``test_aggregation_multiworker.py``. DeepReduce is left out here: with more
-than one local replica in one process its decoders' ``tf.debugging`` asserts
-are ordered across the replicas by TensorFlow's automatic control
-dependencies, and the collectives then wait for each other forever.
+``test_aggregation_multiworker.py``; DeepReduce on 2 local replicas in
+``test_local_replicas.py``.
 """
 
 import math

@@ -1272,18 +1272,14 @@ class _CompressedBranch(_Branch):
         replicas = layer.context.num_replicas
         d = layer.components.read_value()
         check, packs = _checked_tensors(layer, payload, d)
-        same = tf.raw_ops.Assert(
-            condition=layer.agreed_in_sum(check[:2]),
-            data=[
-                tf.constant(
-                    f"GradiVeQ: the basis (U, mu, d) of tensor {layer.context.key} differs "
-                    "across workers (sum of fingerprints != N x local fingerprint) although "
-                    "they agreed at the end of sampling: the state was changed on one worker "
-                    "(e.g. restored from another checkpoint); their coefficients cannot be "
-                    "summed"
-                )
-            ],
+        differs = (
+            f"GradiVeQ: the basis (U, mu, d) of tensor {layer.context.key} differs "
+            "across workers (sum of fingerprints != N x local fingerprint) although "
+            "they agreed at the end of sampling: the state was changed on one worker "
+            "(e.g. restored from another checkpoint); their coefficients cannot be "
+            "summed"
         )
+        same = require(layer.agreed_in_sum(check[:2]), lambda: [differs])
         summed = tf.concat(packs, axis=1) if len(packs) > 1 else packs[0]  # [d (+K), S]
 
         def projected() -> tf.Tensor:  # U_d^T c + mu, [S, K], written once
@@ -1295,7 +1291,7 @@ class _CompressedBranch(_Branch):
 
         slices = tf.cond(layer.valid.read_value() > 0, projected, raw)
         mean_error = check[2] / replicas
-        dependencies = _ops(same) if same is not None else []
+        dependencies = list(same)
         dependencies += _ops(layer.error.assign(mean_error))
         if layer.config.refresh_threshold is not None:
             refresh = layer.schedule_.request_refresh(mean_error > layer.config.refresh_threshold)

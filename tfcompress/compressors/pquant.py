@@ -248,23 +248,24 @@ class PQuant(PerStepRandomness, Compressor):
         packed = payload.tensors["codes"]
         n = tf.cast(payload.num_elements, tf.int64)
         num_blocks, block = self._blocks(n)
-        checks = [
-            tf.debugging.assert_equal(
-                tf.size(norms, out_type=tf.int64),
+        norms_count = tf.size(norms, out_type=tf.int64)
+        checks = require(
+            tf.equal(norms_count, num_blocks),
+            lambda: [
+                "PQuant payload: the number of block norms does not match the tensor: ",
+                norms_count,
+                " norms for ",
                 num_blocks,
-                message="PQuant payload: the number of block norms does not match the tensor",
-            )
-        ]
+                " blocks",
+            ],
+        )
         with tf.control_dependencies(checks):
             codes = unpack_bits(packed, n, bits=_CODE_BITS, out_type=tf.int32)
         with tf.control_dependencies(
-            [
-                tf.debugging.assert_less_equal(
-                    codes,
-                    _CODE_MINUS,
-                    message="PQuant payload: invalid 2-bit code 3 (corrupted payload)",
-                )
-            ]
+            require(
+                tf.reduce_all(codes <= _CODE_MINUS),
+                lambda: ["PQuant payload: invalid 2-bit code 3 (corrupted payload)"],
+            )
         ):
             codes = tf.identity(codes)
         work_dtype = tf.float64 if payload.dtype == tf.float64 else tf.float32

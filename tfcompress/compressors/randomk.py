@@ -55,6 +55,7 @@ from tfcompress.compressors.base import Payload, num_elements, static_num_elemen
 from tfcompress.compressors.registry import register
 from tfcompress.compressors.sparsifier import Selection, Sparsifier, check_ratio, selected_count
 from tfcompress.compressors.state import PerStepRandomness, SeededNoise, TensorContext
+from tfcompress.ops.checks import check_finite
 from tfcompress.ops.sparsify import (
     check_static_size,
     graph_name,
@@ -169,9 +170,7 @@ class RandomK(PerStepRandomness, Sparsifier):
         The noise is ``SeededNoise(seed, context).uniform([d], step, uint32,
         stream, shared=True)``: the same on every replica and worker.
         """
-        x = tf.debugging.check_numerics(
-            x, f"RandomK: tensor `{tensor_name}` has a non-finite value (NaN or Inf)"
-        )
+        x = check_finite(x, f"RandomK: tensor `{tensor_name}` has a non-finite value (NaN or Inf)")
         check_static_size(x, "RandomK", tensor_name)
         flat = tf.reshape(x, [-1])
         d = num_elements(x)

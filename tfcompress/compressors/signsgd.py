@@ -23,6 +23,7 @@ import tensorflow as tf
 from tfcompress.compressors.base import Compressor, Payload, static_num_elements
 from tfcompress.compressors.registry import register
 from tfcompress.ops import quantize
+from tfcompress.ops.checks import check_finite, require
 
 __all__ = ["SignSGD"]
 
@@ -137,14 +138,9 @@ class SignSGD(Compressor):
             return tf.constant(1.0, tf.float32)
         scale = payload.tensors["scale"]
         if checked:  # decompress's kernel checks it; the vote path reads it directly
-            scale = tf.debugging.check_numerics(scale, "SignSGD: corrupted payload: `scale`")
-            with tf.control_dependencies(
-                [
-                    tf.debugging.assert_non_negative(
-                        scale, message="SignSGD: corrupted payload: `scale` is negative"
-                    )
-                ]
-            ):
+            scale = check_finite(scale, "SignSGD: corrupted payload: `scale`")
+            negative = "SignSGD: corrupted payload: `scale` is negative"
+            with tf.control_dependencies(require(tf.reduce_all(scale >= 0), lambda: [negative])):
                 scale = tf.identity(scale)
         return scale
 

@@ -36,6 +36,8 @@ from collections.abc import Sequence
 
 import tensorflow as tf
 
+from tfcompress.ops.checks import check_finite
+
 __all__ = ["commit_or_roll_back", "local_flag", "raise_if_non_finite", "sanitize", "snapshot"]
 
 _FLOATS = (tf.float16, tf.bfloat16, tf.float32, tf.float64)
@@ -85,7 +87,7 @@ def raise_if_non_finite(values: Sequence, keys: Sequence[str]) -> list:
             '(CompressionPolicy(nonfinite="raise")); use nonfinite="propagate" with '
             "dynamic loss scaling"
         )
-        tensor = tf.debugging.assert_all_finite(tensor, message)
+        tensor = check_finite(tensor, message)
         if isinstance(value, tf.IndexedSlices):
             checked.append(tf.IndexedSlices(tensor, value.indices, value.dense_shape))
         else:

@@ -6,7 +6,9 @@ from collections.abc import Callable, Sequence
 
 import tensorflow as tf
 
-__all__ = ["invalid_argument", "require"]
+from tfcompress import _internal
+
+__all__ = ["check_finite", "invalid_argument", "require"]
 
 
 def invalid_argument(message: str) -> tf.errors.InvalidArgumentError:
@@ -33,4 +35,16 @@ def require(
     parts = message()
     template = "".join(part if isinstance(part, str) else "{}" for part in parts)
     text = tf.strings.format(template, [part for part in parts if not isinstance(part, str)])
-    return [tf.debugging.Assert(condition, [text])]
+    return [_internal.unordered_check(tf.debugging.Assert(condition, [text]))]
+
+
+def check_finite(tensor: tf.Tensor, message: str) -> tf.Tensor:
+    """``tensor``, checked for NaN and Inf: ``InvalidArgumentError`` with ``message`` otherwise.
+
+    ``tf.debugging.check_numerics``, left out of the program order of stateful
+    ops as :func:`require`'s checks are.
+    """
+    checked = tf.debugging.check_numerics(tensor, message)
+    if not tf.executing_eagerly():
+        _internal.unordered_check(checked.op)
+    return checked
