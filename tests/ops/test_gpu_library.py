@@ -41,6 +41,8 @@ GPU_OPS = {
     "QsgdDecode",
     "QsgdEncode",
     "RandomKIndices",
+    "RunLengthDecode",
+    "RunLengthEncode",
     "SignDecode",
     "SignEncode",
     "SparseScatter",
@@ -50,6 +52,8 @@ GPU_OPS = {
     "TopK",
     "UnpackBits",
     "UnpackSigns",
+    "VarintDecode",
+    "VarintEncode",
     "WallClockAfter",
 }
 

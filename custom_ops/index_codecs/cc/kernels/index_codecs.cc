@@ -152,6 +152,13 @@ absl::Status OutputBitmapPositions(OpKernelContext* context,
   return absl::OkStatus();
 }
 
+// A temporary of `size` int64 values of the device's memory: the scratch of
+// the run-length and varint functors (empty for the CPU's).
+absl::Status AllocateScratch(OpKernelContext* context, int64_t size,
+                             Tensor* scratch) {
+  return context->allocate_temp(DT_INT64, TensorShape({size}), scratch);
+}
+
 // Checks the Bloom parameters shared by BloomInsert and BloomQuery.
 absl::Status CheckBloomParameters(const char* op, const Tensor& num_bits_tensor,
                                   const Tensor& num_hashes_tensor,
@@ -248,12 +255,19 @@ class RunLengthEncodeOp : public OpKernel {
                                          indices, d));
     const int64_t* index = indices.flat<int64_t>().data();
     const int64_t r = indices.NumElements();
-    const functor::RunLengthEncode<Device> encode;
-    const functor::RunLengthLayout layout = encode.Count(device, index, r);
+    using Encode = functor::RunLengthEncode<Device>;
+    Tensor scratch;
+    OP_REQUIRES_OK(context,
+                   AllocateScratch(context, Encode::ScratchSize(r), &scratch));
+    int64_t* scratch_data = scratch.flat<int64_t>().data();
+    const Encode encode;
+    const functor::RunLengthLayout layout =
+        encode.Count(device, index, r, scratch_data);
     Tensor* output = nullptr;
     OP_REQUIRES_OK(context, context->allocate_output(
                                 0, TensorShape({layout.bytes}), &output));
-    encode.Write(device, index, r, layout, output->flat<uint8_t>().data());
+    encode.Write(device, index, r, layout, scratch_data,
+                 output->flat<uint8_t>().data());
   }
 };
 
@@ -276,13 +290,20 @@ class RunLengthDecodeOp : public OpKernel {
                                 kRunLengthHeaderBytes, "-byte header"));
     const Device device = MakeDevice<Device>(context);
     const uint8_t* in = data.flat<uint8_t>().data();
-    const functor::RunLengthDecode<Device> decode;
-    const functor::DecodeStatus status = decode.Count(device, in, bytes, d);
+    using Decode = functor::RunLengthDecode<Device>;
+    Tensor scratch;
+    OP_REQUIRES_OK(context, AllocateScratch(context, Decode::ScratchSize(bytes),
+                                            &scratch));
+    int64_t* scratch_data = scratch.flat<int64_t>().data();
+    const Decode decode;
+    const functor::DecodeStatus status =
+        decode.Count(device, in, bytes, d, scratch_data);
     OP_REQUIRES_OK(context, DecodeStatusToStatus("RunLengthDecode", status));
     Tensor* output = nullptr;
     OP_REQUIRES_OK(context, context->allocate_output(
                                 0, TensorShape({status.count}), &output));
-    decode.Write(device, in, bytes, output->flat<int64_t>().data());
+    decode.Write(device, in, bytes, scratch_data,
+                 output->flat<int64_t>().data());
   }
 };
 
@@ -305,12 +326,18 @@ class VarintEncodeOp : public OpKernel {
                                          indices, d));
     const int64_t* index = indices.flat<int64_t>().data();
     const int64_t r = indices.NumElements();
-    const functor::VarintEncode<Device> encode;
-    const int64_t bytes = encode.Count(device, index, r);
+    using Encode = functor::VarintEncode<Device>;
+    Tensor scratch;
+    OP_REQUIRES_OK(context,
+                   AllocateScratch(context, Encode::ScratchSize(r), &scratch));
+    int64_t* scratch_data = scratch.flat<int64_t>().data();
+    const Encode encode;
+    const int64_t bytes = encode.Count(device, index, r, scratch_data);
     Tensor* output = nullptr;
     OP_REQUIRES_OK(context,
                    context->allocate_output(0, TensorShape({bytes}), &output));
-    encode.Write(device, index, r, output->flat<uint8_t>().data());
+    encode.Write(device, index, r, scratch_data,
+                 output->flat<uint8_t>().data());
   }
 };
 
@@ -331,13 +358,20 @@ class VarintDecodeOp : public OpKernel {
                                 "count)"));
     const Device device = MakeDevice<Device>(context);
     const uint8_t* in = data.flat<uint8_t>().data();
-    const functor::VarintDecode<Device> decode;
-    const functor::DecodeStatus status = decode.Count(device, in, bytes, d);
+    using Decode = functor::VarintDecode<Device>;
+    Tensor scratch;
+    OP_REQUIRES_OK(context, AllocateScratch(context, Decode::ScratchSize(bytes),
+                                            &scratch));
+    int64_t* scratch_data = scratch.flat<int64_t>().data();
+    const Decode decode;
+    const functor::DecodeStatus status =
+        decode.Count(device, in, bytes, d, scratch_data);
     OP_REQUIRES_OK(context, DecodeStatusToStatus("VarintDecode", status));
     Tensor* output = nullptr;
     OP_REQUIRES_OK(context, context->allocate_output(
                                 0, TensorShape({status.count}), &output));
-    decode.Write(device, in, bytes, output->flat<int64_t>().data());
+    decode.Write(device, in, bytes, scratch_data,
+                 output->flat<int64_t>().data());
   }
 };
 
@@ -441,8 +475,8 @@ REGISTER_KERNEL_BUILDER(Name(TFCOMPRESS_OP_NAME("BloomQuery"))
 
 #if GOOGLE_CUDA
 // The scalars (dense_length; num_bits and num_hashes of the Bloom ops) are
-// read on the host. The run-length and varint coders have no GPU functors
-// yet (index_codecs.h): on a GPU machine TensorFlow runs them on the CPU.
+// read on the host. BloomConflictSets (bloom_conflict_sets.cc) has no GPU
+// kernel: TensorFlow places it on the CPU.
 REGISTER_KERNEL_BUILDER(Name(TFCOMPRESS_OP_NAME("BitmapEncode"))
                             .Device(DEVICE_GPU)
                             .HostMemory("dense_length"),
@@ -451,6 +485,22 @@ REGISTER_KERNEL_BUILDER(Name(TFCOMPRESS_OP_NAME("BitmapDecode"))
                             .Device(DEVICE_GPU)
                             .HostMemory("dense_length"),
                         BitmapDecodeOp<GpuDevice>);
+REGISTER_KERNEL_BUILDER(Name(TFCOMPRESS_OP_NAME("RunLengthEncode"))
+                            .Device(DEVICE_GPU)
+                            .HostMemory("dense_length"),
+                        RunLengthEncodeOp<GpuDevice>);
+REGISTER_KERNEL_BUILDER(Name(TFCOMPRESS_OP_NAME("RunLengthDecode"))
+                            .Device(DEVICE_GPU)
+                            .HostMemory("dense_length"),
+                        RunLengthDecodeOp<GpuDevice>);
+REGISTER_KERNEL_BUILDER(Name(TFCOMPRESS_OP_NAME("VarintEncode"))
+                            .Device(DEVICE_GPU)
+                            .HostMemory("dense_length"),
+                        VarintEncodeOp<GpuDevice>);
+REGISTER_KERNEL_BUILDER(Name(TFCOMPRESS_OP_NAME("VarintDecode"))
+                            .Device(DEVICE_GPU)
+                            .HostMemory("dense_length"),
+                        VarintDecodeOp<GpuDevice>);
 REGISTER_KERNEL_BUILDER(Name(TFCOMPRESS_OP_NAME("BloomInsert"))
                             .Device(DEVICE_GPU)
                             .HostMemory("dense_length")

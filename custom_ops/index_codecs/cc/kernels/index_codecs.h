@@ -20,6 +20,7 @@
 
 #include <cstdint>
 
+#include "common/cc/bit_stream.h"
 #include "common/cc/device.h"
 
 namespace tensorflow {
@@ -84,6 +85,85 @@ struct BloomHash {
     return ReduceToBit(h1 + i * h2, m);
   }
 };
+
+// Pieces of the run-length and varint layouts that the CPU and GPU functors
+// share, so that both write the same bits.
+namespace index_codecs_internal {
+
+TFC_HOST_DEVICE inline int BitLength(uint64_t value) {
+#if defined(__CUDA_ARCH__)
+  return 64 - __clzll(static_cast<long long>(value));  // NOLINT(runtime/int)
+#else
+  return value == 0 ? 0 : 64 - __builtin_clzll(value);
+#endif
+}
+
+// A code of up to 64 bits through the stream's writer and reader (which take
+// at most 32 bits at a time): low 32 bits first, as the stream's bit order
+// wants.
+TFC_HOST_DEVICE inline void PutCode(BitWriter* writer, uint64_t code,
+                                    int width) {
+  if (width <= 0) return;
+  if (width <= 32) {
+    writer->Put(static_cast<uint32_t>(code), width);
+  } else {
+    writer->Put(static_cast<uint32_t>(code), 32);
+    writer->Put(static_cast<uint32_t>(code >> 32), width - 32);
+  }
+}
+
+TFC_HOST_DEVICE inline uint64_t GetCode(BitReader* reader, int width) {
+  if (width <= 0) return 0;
+  if (width <= 32) return reader->Get(width);
+  const uint64_t low = reader->Get(32);
+  return low | (static_cast<uint64_t>(reader->Get(width - 32)) << 32);
+}
+
+// Code `ordinal` of a stream of `width`-bit codes (0 <= width <= 64; 0 when
+// width is 0), read at random; touches only the bytes the code lies in.
+TFC_HOST_DEVICE inline uint64_t CodeAt(const uint8_t* stream, int64_t ordinal,
+                                       int width) {
+  if (width <= 0) return 0;
+  const int64_t bit = ordinal * width;
+  if (width <= 32) return ReadBitsAt(stream, bit, width);
+  return ReadBitsAt(stream, bit, 32) |
+         (ReadBitsAt(stream, bit + 32, width - 32) << 32);
+}
+
+// LEB128 varints (see ../ops/index_codecs_ops.cc).
+TFC_HOST_DEVICE inline int VarintLength(uint64_t value) {
+  const int length = (BitLength(value) + 6) / 7;
+  return length > 1 ? length : 1;
+}
+
+TFC_HOST_DEVICE inline uint8_t* WriteVarint(uint8_t* out, uint64_t value) {
+  while (value >= 0x80) {
+    *out++ = static_cast<uint8_t>(value & 0x7F) | 0x80;
+    value >>= 7;
+  }
+  *out++ = static_cast<uint8_t>(value);
+  return out;
+}
+
+// The GPU decoders check that a payload's positions stay below the dense
+// length with prefix sums of the spans they cover (a run's zeros and ones, a
+// gap plus its index), in any order. Those sums saturate at kSpanCap, above
+// any dense length, so that no sum of hostile spans can wrap around: a sum
+// is then above d exactly when the exact sum is.
+constexpr uint64_t kSpanCap = static_cast<uint64_t>(kMaxDenseLength) + 1;
+
+// min(a + b, kSpanCap) for a, b <= kSpanCap (so a + b cannot wrap).
+TFC_HOST_DEVICE inline uint64_t SaturatingSpanAdd(uint64_t a, uint64_t b) {
+  const uint64_t sum = a + b;
+  return sum < kSpanCap ? sum : kSpanCap;
+}
+
+// min(span, kSpanCap) for any span.
+TFC_HOST_DEVICE inline uint64_t CapSpan(uint64_t span) {
+  return span < kSpanCap ? span : kSpanCap;
+}
+
+}  // namespace index_codecs_internal
 
 namespace functor {
 
@@ -195,14 +275,23 @@ struct BitmapEncode;
 template <typename Device>
 struct BitmapPositions;
 
+// The run-length and varint coders take `scratch`, ScratchSize(n) int64
+// values of the device's memory (the caller's allocation; n is the number
+// of indices for the encoders, of payload bytes for the decoders), in both
+// passes: Count() leaves there what Write() reads, so Write() must follow a
+// Count() of the same input with the same scratch. The CPU functors need
+// none (ScratchSize 0).
+
 // Run-length encoding of checked indices[0, r) (layout in
 // ../ops/index_codecs_ops.cc). Count() computes the layout; Write() fills
 // out[0, layout.bytes).
 //
+//   static int64_t ScratchSize(int64_t r);
 //   RunLengthLayout Count(const Device& device, const int64_t* indices,
-//                         int64_t r) const;
+//                         int64_t r, int64_t* scratch) const;
 //   void Write(const Device& device, const int64_t* indices, int64_t r,
-//              const RunLengthLayout& layout, uint8_t* out) const;
+//              const RunLengthLayout& layout, int64_t* scratch,
+//              uint8_t* out) const;
 template <typename Device>
 struct RunLengthEncode;
 
@@ -211,30 +300,36 @@ struct RunLengthEncode;
 // or the first error; Write() (only after a Count() without error) writes
 // them ascending.
 //
+//   static int64_t ScratchSize(int64_t bytes);
 //   DecodeStatus Count(const Device& device, const uint8_t* data,
-//                      int64_t bytes, int64_t dense_length) const;
+//                      int64_t bytes, int64_t dense_length,
+//                      int64_t* scratch) const;
 //   void Write(const Device& device, const uint8_t* data, int64_t bytes,
-//              int64_t* positions) const;
+//              int64_t* scratch, int64_t* positions) const;
 template <typename Device>
 struct RunLengthDecode;
 
 // Delta + LEB128 varint coding of checked indices[0, r): Count() returns the
 // encoded length, Write() fills out[0, length).
 //
-//   int64_t Count(const Device& device, const int64_t* indices,
-//                 int64_t r) const;
+//   static int64_t ScratchSize(int64_t r);
+//   int64_t Count(const Device& device, const int64_t* indices, int64_t r,
+//                 int64_t* scratch) const;
 //   void Write(const Device& device, const int64_t* indices, int64_t r,
-//              uint8_t* out) const;
+//              int64_t* scratch, uint8_t* out) const;
 template <typename Device>
 struct VarintEncode;
 
 // Decoding of data[0, bytes) (bytes >= 1) for a dense length d, as for
-// RunLengthDecode.
+// RunLengthDecode. When a payload has several defects, the error is the one
+// a sequential parse meets first (the CPU functor is that parse).
 //
+//   static int64_t ScratchSize(int64_t bytes);
 //   DecodeStatus Count(const Device& device, const uint8_t* data,
-//                      int64_t bytes, int64_t dense_length) const;
+//                      int64_t bytes, int64_t dense_length,
+//                      int64_t* scratch) const;
 //   void Write(const Device& device, const uint8_t* data, int64_t bytes,
-//              int64_t* positions) const;
+//              int64_t* scratch, int64_t* positions) const;
 template <typename Device>
 struct VarintDecode;
 
@@ -261,9 +356,7 @@ template <typename Device>
 struct BloomQuery;
 
 #if GOOGLE_CUDA
-// The GPU specialisations (index_codecs_gpu.cu.cc). The run-length and
-// varint coders have none yet: their ops run on the CPU (the kernels are
-// registered for DEVICE_CPU only, and TensorFlow places them there).
+// The GPU specialisations (index_codecs_gpu.cu.cc).
 
 template <>
 struct CheckPositions<GpuDevice> {
@@ -290,6 +383,51 @@ struct BitmapPositions<GpuDevice> {
   int64_t Count(const GpuDevice& device, const uint8_t* bitmap, int64_t bytes,
                 int64_t* scratch) const;
   void Write(const GpuDevice& device, const uint8_t* bitmap, int64_t bytes,
+             int64_t* scratch, int64_t* positions) const;
+};
+
+template <>
+struct RunLengthEncode<GpuDevice> {
+  // Three totals, the tile counts of run starts, and the index of the first
+  // index of every run.
+  static int64_t ScratchSize(int64_t r);
+  RunLengthLayout Count(const GpuDevice& device, const int64_t* indices,
+                        int64_t r, int64_t* scratch) const;
+  void Write(const GpuDevice& device, const int64_t* indices, int64_t r,
+             const RunLengthLayout& layout, int64_t* scratch,
+             uint8_t* out) const;
+};
+
+template <>
+struct RunLengthDecode<GpuDevice> {
+  // A few totals and two values per tile of 1024 runs (a payload of `bytes`
+  // bytes holds at most 8 * (bytes - 10) runs).
+  static int64_t ScratchSize(int64_t bytes);
+  DecodeStatus Count(const GpuDevice& device, const uint8_t* data,
+                     int64_t bytes, int64_t dense_length,
+                     int64_t* scratch) const;
+  void Write(const GpuDevice& device, const uint8_t* data, int64_t bytes,
+             int64_t* scratch, int64_t* positions) const;
+};
+
+template <>
+struct VarintEncode<GpuDevice> {
+  // The total, then the encoded length of each tile of indices.
+  static int64_t ScratchSize(int64_t r);
+  int64_t Count(const GpuDevice& device, const int64_t* indices, int64_t r,
+                int64_t* scratch) const;
+  void Write(const GpuDevice& device, const int64_t* indices, int64_t r,
+             int64_t* scratch, uint8_t* out) const;
+};
+
+template <>
+struct VarintDecode<GpuDevice> {
+  // A few totals and two values per tile of payload bytes.
+  static int64_t ScratchSize(int64_t bytes);
+  DecodeStatus Count(const GpuDevice& device, const uint8_t* data,
+                     int64_t bytes, int64_t dense_length,
+                     int64_t* scratch) const;
+  void Write(const GpuDevice& device, const uint8_t* data, int64_t bytes,
              int64_t* scratch, int64_t* positions) const;
 };
 

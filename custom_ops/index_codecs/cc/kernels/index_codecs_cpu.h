@@ -8,7 +8,10 @@
 // BloomQuery marking, CheckPositions) run in blocks on the device's threads;
 // the encoders and the run-length and varint decoders are linear in the
 // number of indices and sequential. The fixed-width run-length codes go
-// through the common bit stream (common/cc/bit_stream.h).
+// through the common bit stream (common/cc/bit_stream.h); the pieces of the
+// layouts that the GPU functors share (bit lengths, wide codes, varints) are
+// in index_codecs.h, and the GPU decoders check a payload's header and count
+// on the host with the functions below (ParseRunLengthHeader, ReadVarint).
 
 #ifndef TFCOMPRESS_INDEX_CODECS_CC_KERNELS_INDEX_CODECS_CPU_H_
 #define TFCOMPRESS_INDEX_CODECS_CC_KERNELS_INDEX_CODECS_CPU_H_
@@ -63,30 +66,6 @@ void ForEachBlock(const CpuDevice& device, const Blocks& blocks,
       work(block, blocks.Begin(block), blocks.End(block));
     }
   });
-}
-
-inline int BitLength(uint64_t value) {
-  return value == 0 ? 0 : 64 - __builtin_clzll(value);
-}
-
-// A code of up to 64 bits through the stream's writer and reader (which take
-// at most 32 bits at a time): low 32 bits first, as the stream's bit order
-// wants.
-inline void PutCode(BitWriter* writer, uint64_t code, int width) {
-  if (width <= 0) return;
-  if (width <= 32) {
-    writer->Put(static_cast<uint32_t>(code), width);
-  } else {
-    writer->Put(static_cast<uint32_t>(code), 32);
-    writer->Put(static_cast<uint32_t>(code >> 32), width - 32);
-  }
-}
-
-inline uint64_t GetCode(BitReader* reader, int width) {
-  if (width <= 0) return 0;
-  if (width <= 32) return reader->Get(width);
-  const uint64_t low = reader->Get(32);
-  return low | (static_cast<uint64_t>(reader->Get(width - 32)) << 32);
 }
 
 // Number of bytes that `count` values of `width` bits occupy, or -1 when that
@@ -169,18 +148,23 @@ inline DecodeStatus ParseRunLengthHeader(const uint8_t* header, int64_t bytes,
   return status;
 }
 
-// LEB128 varints (see ../ops/index_codecs_ops.cc).
-inline int VarintLength(uint64_t value) {
-  return std::max(1, (BitLength(value) + 6) / 7);
-}
-
-inline uint8_t* WriteVarint(uint8_t* out, uint64_t value) {
-  while (value >= 0x80) {
-    *out++ = static_cast<uint8_t>(value & 0x7F) | 0x80;
-    value >>= 7;
+// The layout of `runs` runs whose zero-run and one-run codes ORed together
+// are zero_bits and one_bits (shared by the CPU and GPU encoders).
+inline functor::RunLengthLayout RunLengthLayoutOf(int64_t runs,
+                                                  uint64_t zero_bits,
+                                                  uint64_t one_bits) {
+  functor::RunLengthLayout layout;
+  layout.runs = runs;
+  layout.zero_width = BitLength(zero_bits);
+  layout.one_width = BitLength(one_bits);
+  // Every run costs at least one bit (see RunLengthEncodeOp).
+  if (runs > 0 && layout.zero_width == 0 && layout.one_width == 0) {
+    layout.zero_width = 1;
   }
-  *out++ = static_cast<uint8_t>(value);
-  return out;
+  layout.bytes = kRunLengthHeaderBytes +
+                 PackedByteCount(runs, layout.zero_width) +
+                 PackedByteCount(runs, layout.one_width);
+  return layout;
 }
 
 // Parses the varint at data[*at], advancing *at; sets status->error (and the
@@ -406,29 +390,24 @@ struct RunLengthEncode<CpuDevice> {
     }
   }
 
+  static int64_t ScratchSize(int64_t /*r*/) { return 0; }
+
   RunLengthLayout Count(const CpuDevice& /*device*/, const int64_t* indices,
-                        int64_t r) const {
-    RunLengthLayout layout;
+                        int64_t r, int64_t* /*scratch*/) const {
+    int64_t runs = 0;
     uint64_t zero_bits = 0;
     uint64_t one_bits = 0;
     ForEachRun(indices, r, [&](uint64_t zero_code, uint64_t one_code) {
-      ++layout.runs;
+      ++runs;
       zero_bits |= zero_code;
       one_bits |= one_code;
     });
-    layout.zero_width = index_codecs_internal::BitLength(zero_bits);
-    layout.one_width = index_codecs_internal::BitLength(one_bits);
-    if (layout.runs > 0 && layout.zero_width == 0 && layout.one_width == 0) {
-      layout.zero_width = 1;
-    }
-    layout.bytes = kRunLengthHeaderBytes +
-                   PackedByteCount(layout.runs, layout.zero_width) +
-                   PackedByteCount(layout.runs, layout.one_width);
-    return layout;
+    return index_codecs_internal::RunLengthLayoutOf(runs, zero_bits, one_bits);
   }
 
   void Write(const CpuDevice& /*device*/, const int64_t* indices, int64_t r,
-             const RunLengthLayout& layout, uint8_t* out) const {
+             const RunLengthLayout& layout, int64_t* /*scratch*/,
+             uint8_t* out) const {
     out[0] = static_cast<uint8_t>(layout.zero_width);
     out[1] = static_cast<uint8_t>(layout.one_width);
     index_codecs_internal::WriteUint64(out + 2,
@@ -449,8 +428,10 @@ struct RunLengthEncode<CpuDevice> {
 
 template <>
 struct RunLengthDecode<CpuDevice> {
+  static int64_t ScratchSize(int64_t /*bytes*/) { return 0; }
+
   DecodeStatus Count(const CpuDevice& /*device*/, const uint8_t* data,
-                     int64_t bytes, int64_t d) const {
+                     int64_t bytes, int64_t d, int64_t* /*scratch*/) const {
     namespace internal = index_codecs_internal;
     internal::RunLengthHeader header;
     DecodeStatus status = internal::ParseRunLengthHeader(data, bytes, d,
@@ -487,7 +468,7 @@ struct RunLengthDecode<CpuDevice> {
   }
 
   void Write(const CpuDevice& /*device*/, const uint8_t* data,
-             int64_t /*bytes*/,
+             int64_t /*bytes*/, int64_t* /*scratch*/,
              int64_t* positions) const {
     namespace internal = index_codecs_internal;
     const int zero_width = data[0];
@@ -516,8 +497,10 @@ struct VarintEncode<CpuDevice> {
                                         : indices[j] - indices[j - 1] - 1);
   }
 
-  int64_t Count(const CpuDevice& /*device*/, const int64_t* indices,
-                int64_t r) const {
+  static int64_t ScratchSize(int64_t /*r*/) { return 0; }
+
+  int64_t Count(const CpuDevice& /*device*/, const int64_t* indices, int64_t r,
+                int64_t* /*scratch*/) const {
     int64_t bytes =
         index_codecs_internal::VarintLength(static_cast<uint64_t>(r));
     for (int64_t j = 0; j < r; ++j) {
@@ -527,7 +510,7 @@ struct VarintEncode<CpuDevice> {
   }
 
   void Write(const CpuDevice& /*device*/, const int64_t* indices, int64_t r,
-             uint8_t* out) const {
+             int64_t* /*scratch*/, uint8_t* out) const {
     out = index_codecs_internal::WriteVarint(out, static_cast<uint64_t>(r));
     for (int64_t j = 0; j < r; ++j) {
       out = index_codecs_internal::WriteVarint(out, Gap(indices, j));
@@ -537,8 +520,10 @@ struct VarintEncode<CpuDevice> {
 
 template <>
 struct VarintDecode<CpuDevice> {
+  static int64_t ScratchSize(int64_t /*bytes*/) { return 0; }
+
   DecodeStatus Count(const CpuDevice& /*device*/, const uint8_t* data,
-                     int64_t bytes, int64_t d) const {
+                     int64_t bytes, int64_t d, int64_t* /*scratch*/) const {
     DecodeStatus status;
     if (data[bytes - 1] >= 0x80) {
       status.error = DecodeError::kVarintTruncated;
@@ -586,7 +571,7 @@ struct VarintDecode<CpuDevice> {
   }
 
   void Write(const CpuDevice& /*device*/, const uint8_t* data,
-             int64_t /*bytes*/,
+             int64_t /*bytes*/, int64_t* /*scratch*/,
              int64_t* positions) const {
     DecodeStatus unused;
     int64_t at = 0;

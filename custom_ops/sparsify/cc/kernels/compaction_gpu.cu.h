@@ -46,32 +46,56 @@ inline unsigned GridFor(int64_t n) {
                                : (blocks > 65536 ? 65536 : blocks));
 }
 
-// Replaces values[0, count) by their exclusive prefix sums, in one block of
-// kScanThreads threads (the counts are per tile: n / 4096 values at most).
+// Replaces values[0, count) by their exclusive prefix combinations under
+// `op` (associative, with identity `identity`; a plain sum for ExclusiveScan),
+// in one block of kScanThreads threads (the values are per tile: n / 4096 of
+// them at most), and stores the combination of all of them in *total unless
+// total is null. __launch_bounds__: a block of 1024 threads has 64 registers
+// per thread at most (65536 per block); without the bound the compiler may
+// use more, and the launch then fails with "too many resources requested".
 constexpr int kScanThreads = 1024;
 
-static __global__ void ExclusiveScanKernel(int64_t* values, int64_t count) {
-  using Scan = cub::BlockScan<int64_t, kScanThreads>;
+struct SumOp {
+  template <typename T>
+  __device__ T operator()(const T& a, const T& b) const {
+    return a + b;
+  }
+};
+
+template <typename T, typename Op>
+static __global__ void __launch_bounds__(kScanThreads)
+    ExclusiveScanKernel(T* values, int64_t count, T identity, Op op, T* total) {
+  using Scan = cub::BlockScan<T, kScanThreads>;
   __shared__ typename Scan::TempStorage storage;
   const int64_t per_thread = (count + kScanThreads - 1) / kScanThreads;
   const int64_t begin = threadIdx.x * per_thread;
   const int64_t end = begin + per_thread < count ? begin + per_thread : count;
-  int64_t sum = 0;
-  for (int64_t i = begin; i < end; ++i) sum += values[i];
-  int64_t offset = 0;
-  Scan(storage).ExclusiveSum(sum, offset);
+  T combined = identity;
+  for (int64_t i = begin; i < end; ++i) combined = op(combined, values[i]);
+  T offset = identity;
+  T all = identity;
+  Scan(storage).ExclusiveScan(combined, offset, identity, op, all);
   for (int64_t i = begin; i < end; ++i) {
-    const int64_t value = values[i];
+    const T value = values[i];
     values[i] = offset;
-    offset += value;
+    offset = op(offset, value);
+  }
+  if (total != nullptr && threadIdx.x == 0) *total = all;
+}
+
+template <typename T, typename Op>
+inline void ExclusiveScan(cudaStream_t stream, T* values, int64_t count,
+                          T identity, Op op, T* total) {
+  if (count > 0 || total != nullptr) {
+    ExclusiveScanKernel<T, Op>
+        <<<1, kScanThreads, 0, stream>>>(values, count, identity, op, total);
   }
 }
 
 inline void ExclusiveScan(cudaStream_t stream, int64_t* values,
                           int64_t count) {
-  if (count > 0) {
-    ExclusiveScanKernel<<<1, kScanThreads, 0, stream>>>(values, count);
-  }
+  ExclusiveScan(stream, values, count, int64_t{0}, SumOp(),
+                static_cast<int64_t*>(nullptr));
 }
 
 // Atomic minimum / maximum of 64-bit values (CUDA offers them for
