@@ -193,6 +193,27 @@ inline bool ReadVarint(const uint8_t* data, int64_t* at, int64_t ordinal,
   }
 }
 
+// Reads a varint payload's leading count from `head` (its first bytes; the
+// last byte of the payload is below 0x80) and checks it against the dense
+// length and the `bytes` of the payload (every index takes at least one
+// byte). Sets *at past the count; false with `status` set otherwise. The
+// CPU and GPU decoders share it, so both report the same error.
+inline bool ParseVarintCount(const uint8_t* head, int64_t bytes, int64_t d,
+                             int64_t* at, uint64_t* count,
+                             DecodeStatus* status) {
+  *at = 0;
+  if (!ReadVarint(head, at, 0, count, status)) return false;
+  if (*count > static_cast<uint64_t>(d) ||
+      *count > static_cast<uint64_t>(bytes - *at)) {
+    status->error = DecodeError::kVarintCount;
+    status->detail[0] = *count;
+    status->detail[1] = static_cast<uint64_t>(d);
+    status->detail[2] = static_cast<uint64_t>(bytes - *at);
+    return false;
+  }
+  return true;
+}
+
 // Positions per stage of QueryRange: its scratch arrays stay in L1, and its
 // bitmap bytes (kQueryChunk / 8) belong to one chunk.
 constexpr int64_t kQueryChunk = 512;
@@ -531,16 +552,8 @@ struct VarintDecode<CpuDevice> {
     }
     int64_t at = 0;
     uint64_t count = 0;
-    if (!index_codecs_internal::ReadVarint(data, &at, 0, &count, &status)) {
-      return status;
-    }
-    // Every index takes at least one byte.
-    if (count > static_cast<uint64_t>(d) ||
-        count > static_cast<uint64_t>(bytes - at)) {
-      status.error = DecodeError::kVarintCount;
-      status.detail[0] = count;
-      status.detail[1] = static_cast<uint64_t>(d);
-      status.detail[2] = static_cast<uint64_t>(bytes - at);
+    if (!index_codecs_internal::ParseVarintCount(data, bytes, d, &at, &count,
+                                                 &status)) {
       return status;
     }
     int64_t parsed = 0;

@@ -992,15 +992,8 @@ DecodeStatus VarintDecode<GpuDevice>::Count(const GpuDevice& device,
   cudaStreamSynchronize(stream);
   int64_t at = 0;
   uint64_t count = 0;
-  if (!index_codecs_internal::ReadVarint(head, &at, 0, &count, &status)) {
-    return status;
-  }
-  if (count > static_cast<uint64_t>(dense_length) ||
-      count > static_cast<uint64_t>(bytes - at)) {
-    status.error = DecodeError::kVarintCount;
-    status.detail[0] = count;
-    status.detail[1] = static_cast<uint64_t>(dense_length);
-    status.detail[2] = static_cast<uint64_t>(bytes - at);
+  if (!index_codecs_internal::ParseVarintCount(head, bytes, dense_length, &at,
+                                               &count, &status)) {
     return status;
   }
   auto* state = reinterpret_cast<VarintDecodeState*>(scratch);
