@@ -1,7 +1,9 @@
 """Test setup shared by all tests.
 
 Two logical CPU devices are configured before TensorFlow initialises, so the
-in-process ``MirroredStrategy`` tests have two replicas on any machine.
+in-process ``MirroredStrategy`` tests have two replicas on any machine. The
+environment guard (:mod:`tests.environment_guard`) fails any test that
+installs or removes a package in the environment the suite runs in.
 """
 
 import os
@@ -9,6 +11,8 @@ import shlex
 import shutil
 
 import pytest
+
+pytest_plugins = ["tests.environment_guard"]
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 

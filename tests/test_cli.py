@@ -5,6 +5,10 @@ TensorFlow for the subcommands that do not.
 """
 
 import argparse
+import os
+import pathlib
+import subprocess
+import sys
 
 import pytest
 
@@ -77,3 +81,19 @@ def test_the_worker_commands_flags_are_the_workers(monkeypatch):
         (["python", "x.py", "--flag", "-n", "3"], 2),
         (["python", "x.py", "--bogus"], 1),
     ]
+
+
+def test_python_dash_m_tfcompress_is_the_command(tmp_path):
+    """``python -m tfcompress --version`` from outside the checkout, as ``tfcompress --version``."""
+    root = pathlib.Path(__file__).resolve().parents[1]
+    result = subprocess.run(
+        [sys.executable, "-m", "tfcompress", "--version"],
+        cwd=tmp_path,
+        env=dict(os.environ, PYTHONPATH=str(root)),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("tfcompress ")
+    assert any(line.startswith("op library: ") for line in result.stdout.splitlines())

@@ -29,6 +29,7 @@ LAYERS = {
     "fuzz": 6,
     "data": 6,
     "cli": 6,
+    "__main__": 6,  # python -m tfcompress: the cli
 }
 TOOLS = 6
 

@@ -8,9 +8,10 @@ the real library: the fake compiler's header check fails for ``zlib.h``
 (``FAKE_CXX_NO_ZLIB``), or ``TFCOMPRESS_OPS_WITHOUT=zlib`` tells the build to
 treat zlib as missing; the loader's per-domain fallback is tested against a
 stand-in library module. The real compiler is asked only the header question.
-The slow test builds a wheel, installs it with ``pip --user`` into a scratch
-user base and runs a kernel from it in a fresh process, reusing the session's
-compiled library (same sources, same key).
+The slow test builds a wheel, installs it with ``pip install --target`` into a
+scratch folder (never over the running environment's tfcompress) and runs a
+kernel from it in a fresh process, reusing the session's compiled library
+(same sources, same key).
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ import logging
 import os
 import pathlib
 import shutil
-import site
 import subprocess
 import sys
 import textwrap
@@ -584,6 +584,45 @@ def test_version_names_the_versions_and_the_cached_library(kernel_library):
     assert lines[-1] == f"op library: built, cached at {_loader.loaded_library_path()}"
 
 
+def test_version_names_the_loaded_library_whatever_else_the_cache_holds(
+    kernel_library, monkeypatch, tmp_path
+):
+    """Two other builds of the same sources for the same TensorFlow (another
+    compiler; a GPU build) sort before the loaded one: --version still names
+    the library this process loads, in-process and in a fresh process that
+    imports no TensorFlow."""
+    loaded = _loader.loaded_library_path()
+    cache = tmp_path / "cache"
+    (cache / "ops").mkdir(parents=True)
+    (cache / "ops" / loaded.parent.name).symlink_to(loaded.parent)
+    info = json.loads((loaded.parent / "build_info.json").read_text())
+    others = {
+        "0" * 32: {"compiler": "g++ (another) 99.1"},
+        "1" * 32: {"gpu": {**info["gpu"], "domains": ["bitpack"], "reason": ""}},
+    }
+    for key, change in others.items():
+        folder = cache / "ops" / key
+        folder.mkdir()
+        (folder / "build_info.json").write_text(json.dumps({**info, **change}))
+        (folder / _build.LIBRARY_NAME).write_bytes(b"another build")
+    monkeypatch.setenv("TFCOMPRESS_CACHE_DIR", str(cache))
+    expected = f"op library: built, cached at {cache / 'ops' / loaded.parent.name / loaded.name}"
+    assert ops_cli.version_text().splitlines()[-1] == expected
+
+    environment = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
+    result = subprocess.run(
+        [sys.executable, "-c", VERSION_SCRIPT],
+        env=environment,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    out = result.stdout.splitlines()
+    assert expected in out and "TENSORFLOW IMPORTED False" in out
+
+
 def test_version_of_an_unbuilt_or_failed_library(fake_compiler, monkeypatch):
     tf_version = _build._configure().tf_version
     assert "not built yet" in ops_cli._library_state(tf_version)
@@ -654,12 +693,12 @@ _PACKAGING = ("setup.py", "setup.cfg", "pyproject.toml", "README.md", "LICENSE")
 
 @pytest.mark.slow
 def test_an_installed_wheel_runs_kernels_from_its_package_data(kernel_library, tmp_path):
-    """``pip install --user`` of a wheel, used from a fresh process outside the checkout.
+    """``pip install --target`` of a wheel, used from a fresh process outside the checkout.
 
-    The install goes to a scratch user base (or, in a virtual environment,
-    which hides user site-packages, to a scratch ``--prefix``). The installed
-    sources hash to the session's key, so the kernel comes from the session's
-    library: a cache hit, not a two-minute compile.
+    The install goes to a scratch folder put first on ``PYTHONPATH``; the
+    environment the tests run in is left as it was (the environment guard
+    checks). The installed sources hash to the session's key, so the kernel
+    comes from the session's library: a cache hit, not a two-minute compile.
     """
     # A copy, so that no stale build/ directory of the checkout goes into the wheel.
     source = tmp_path / "source"
@@ -671,7 +710,7 @@ def test_an_installed_wheel_runs_kernels_from_its_package_data(kernel_library, t
         shutil.copytree(REPO_ROOT / tree, source / tree, ignore=ignore)
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
     environment = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    environment["PYTHONUSERBASE"] = str(tmp_path / "userbase")
+    environment["PYTHONNOUSERSITE"] = "1"  # nothing from a user site-packages either
     subprocess.run(
         [
             *pip,
@@ -689,15 +728,16 @@ def test_an_installed_wheel_runs_kernels_from_its_package_data(kernel_library, t
         timeout=300,
     )
     (wheel,) = (tmp_path / "wheels").glob("tfcompress-*.whl")
-    if site.ENABLE_USER_SITE:
-        target = ["--user"]
-    else:  # a virtual environment hides user site-packages: any other prefix then
-        target = ["--prefix", str(tmp_path / "prefix")]
+    # --target installs beside, never over: pip ignores what the running
+    # environment has installed (``--prefix`` or ``--user`` in a virtual
+    # environment would first uninstall its tfcompress).
+    target = tmp_path / "target"
     subprocess.run(
         [
             *pip,
             "install",
-            *target,
+            "--target",
+            str(target),
             "--no-deps",
             "--no-index",
             "--no-warn-script-location",
@@ -708,9 +748,7 @@ def test_an_installed_wheel_runs_kernels_from_its_package_data(kernel_library, t
         env=environment,
         timeout=300,
     )
-    if not site.ENABLE_USER_SITE:
-        (site_packages,) = (tmp_path / "prefix").glob("lib/python*/site-packages")
-        environment["PYTHONPATH"] = str(site_packages)
+    environment["PYTHONPATH"] = str(target)
 
     result = subprocess.run(
         [sys.executable, "-c", INSTALLED_SCRIPT],

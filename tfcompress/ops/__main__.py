@@ -114,9 +114,11 @@ def version_text() -> str:
     """The text of ``tfcompress --version``, made without importing TensorFlow.
 
     Versions come from the installed distributions' metadata; the op library's
-    state from the cache (a build of these sources for this TensorFlow), so
-    that the answer takes milliseconds. ``tfcompress ops info`` checks it
-    exactly (compiler and flags too) by loading the library.
+    state from the cache: the library this process's loader would load (the
+    same key: sources, TensorFlow and its flags, compiler, GPU plan), found
+    without importing TensorFlow once a process has recorded its flags, so
+    that the answer takes a fraction of a second. Other builds in the cache
+    (another checkout, a GPU build) are not it.
 
     Returns:
         Several lines: tfcompress, TensorFlow, Keras and tf-keras versions,
@@ -150,25 +152,28 @@ def _library_state(tf_version: str | None) -> str:
     if tf_version is None:
         return "not built (TensorFlow is not installed)"
     try:
-        digest = _build.sources_digest()
-    except (_build.BuildError, OSError) as error:
+        # The loader's own key (sources, TensorFlow's flags, compiler, GPU
+        # plan) from TensorFlow's recorded facts; TensorFlow is imported only
+        # when no process has recorded them for this installation yet.
+        config = _build.expected_build(import_tensorflow=False) or _build.expected_build()
+    except _build.BuildError as error:  # no sources, or no compiler (part of the key)
         return f"unavailable ({error})"
-    found = _build.cached_build(tf_version, digest)
-    if found is None:
+    library = _build.library_path(config)
+    if library.is_file():
+        state = f"built, cached at {library}"
+        if config.left_out:
+            state += f" (without {', '.join(item.library for item in config.left_out)})"
+        return state
+    marker = library.parent / _build.FAILURE_MARKER
+    if marker.is_file():
         return (
-            f"not built yet for TensorFlow {tf_version} (compiled on first use, "
-            f"or now by `tfcompress ops build`; cache: {_build.cache_dir()})"
-        )
-    if "failed" in found:
-        return (
-            f"the last build failed (remembered in {found['marker']}; "
+            f"the last build failed (remembered in {marker}; "
             "`tfcompress ops build --force` retries)"
         )
-    state = f"built, cached at {found['library']}"
-    left_out = [item.get("library", "?") for item in found.get("left_out", [])]
-    if left_out:
-        state += f" (without {', '.join(left_out)})"
-    return state
+    return (
+        f"not built yet for TensorFlow {config.tf_version} (compiled on first use, "
+        f"or now by `tfcompress ops build`; expected at {library})"
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

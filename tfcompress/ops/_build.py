@@ -58,6 +58,7 @@ import fcntl
 import functools
 import hashlib
 import importlib.resources
+import importlib.util
 import json
 import logging
 import math
@@ -87,7 +88,7 @@ __all__ = [
     "SOURCES_PACKAGE",
     "build",
     "cache_dir",
-    "cached_build",
+    "expected_build",
     "gpu_build",
     "left_out",
     "library_path",
@@ -249,14 +250,17 @@ def cache_dir() -> pathlib.Path:
     return pathlib.Path.home() / ".cache" / "tfcompress"
 
 
-def library_path() -> pathlib.Path:
-    """Returns where the library for the current configuration lives (built or not).
+def library_path(config: _Configuration | None = None) -> pathlib.Path:
+    """Returns where the library for a configuration lives (built or not).
+
+    Args:
+        config: e.g. :func:`expected_build`'s; this process's when None.
 
     Raises:
         BuildError: the sources are missing.
         CompilerNotFoundError: the compiler, part of the cache key, is missing.
     """
-    return _library_path(_configure())
+    return _library_path(_configure() if config is None else config)
 
 
 def build(force: bool = False, verbose: bool = False) -> pathlib.Path:
@@ -285,7 +289,6 @@ def build(force: bool = False, verbose: bool = False) -> pathlib.Path:
     key_dir = library.parent
     if not force:
         if library.is_file():
-            _record_sources_digest(key_dir, config)
             return library
         _raise_remembered_failure(key_dir)
     key_dir.mkdir(parents=True, exist_ok=True)
@@ -380,41 +383,25 @@ def sources_digest(root: pathlib.Path | None = None) -> str:
     return digest.hexdigest()
 
 
-def cached_build(tf_version: str, digest: str) -> dict | None:
-    """Finds a cached build of sources with ``digest`` for TensorFlow ``tf_version``.
+def expected_build(import_tensorflow: bool = True) -> _Configuration | None:
+    """The build the loader would use in this process, whatever else the cache holds.
 
-    Reads only the cache (no TensorFlow, no compiler), so the compiler and
-    flags are not compared: :func:`library_path` is the exact answer.
+    Same key as :func:`build` and the loader (sources, TensorFlow and its
+    flags, compiler, GPU plan); the library may or may not be built yet
+    (:func:`library_path` of it says where).
 
     Args:
-        tf_version: e.g. ``"2.21.0"``.
-        digest: :func:`sources_digest` of the sources.
+        import_tensorflow: when False and TensorFlow is not imported yet, use
+            the facts recorded by an earlier process on this TensorFlow
+            installation (``tfcompress --version`` stays fast); None when
+            there are none.
 
-    Returns:
-        The build's ``build_info.json`` with ``"library"`` (its path) added
-        when a built library is cached; else ``{"failed": <the remembered
-        error>, "marker": <its path>}`` when a build of them failed; else None.
+    Raises:
+        BuildError: the sources are missing.
+        CompilerNotFoundError: the compiler is missing.
     """
-    built = []
-    for info_path in sorted((cache_dir() / "ops").glob("*/build_info.json")):
-        with contextlib.suppress(OSError, ValueError):
-            info = json.loads(info_path.read_text())
-            library = info_path.parent / LIBRARY_NAME
-            if (
-                info.get("tensorflow") == tf_version
-                and info.get("sources_sha256") == digest
-                and library.is_file()
-            ):
-                built.append({**info, "library": str(library)})
-    if built:  # a complete build before one that left something out
-        return min(built, key=lambda info: len(info.get("left_out", [])))
-    failed = None
-    for marker in sorted((cache_dir() / "ops").glob(f"*/{FAILURE_MARKER}")):
-        with contextlib.suppress(OSError, ValueError):
-            record = json.loads(marker.read_text())
-            if record.get("tensorflow") == tf_version and record.get("sources_sha256") == digest:
-                failed = {"failed": record.get("error", ""), "marker": str(marker)}
-    return failed
+    facts = _tensorflow_facts(import_tensorflow=import_tensorflow)
+    return None if facts is None else _configure(facts)
 
 
 def op_domains(root: pathlib.Path | None = None) -> dict[str, str]:
@@ -463,19 +450,6 @@ def _key_files(root: pathlib.Path, domains: set[str] | None) -> list[pathlib.Pat
         and p.name.endswith(_KEY_SUFFIXES)
         and (domains is None or p.relative_to(root).parts[0] in domains | {"common"})
     )
-
-
-def _record_sources_digest(key_dir: pathlib.Path, config: _Configuration) -> None:
-    """Adds ``sources_sha256`` to a cached build recorded before it existed (for ``--version``)."""
-    info_path = key_dir / "build_info.json"
-    with contextlib.suppress(OSError, ValueError):
-        info = json.loads(info_path.read_text())
-        if info.get("sources_sha256") == config.sources_digest:
-            return
-        info["sources_sha256"] = config.sources_digest
-        partial = key_dir / f".build_info.json.{os.getpid()}.tmp"
-        partial.write_text(json.dumps(info, indent=2) + "\n")
-        os.replace(partial, info_path)
 
 
 def _raise_remembered_failure(key_dir: pathlib.Path) -> None:
@@ -541,9 +515,14 @@ def _duration(seconds: float) -> str:
     return f"{round(seconds / 60):.0f} minutes"
 
 
-def _configure() -> _Configuration:
-    import tensorflow as tf  # deferred: importing this module must stay cheap
+def _configure(facts: _TensorFlowFacts | None = None) -> _Configuration:
+    """The build for this process: sources, compiler, flags, GPU plan and cache key.
 
+    Args:
+        facts: what the key needs from TensorFlow; :func:`_tensorflow_facts`
+            (which imports TensorFlow) when None.
+    """
+    facts = _tensorflow_facts() if facts is None else facts
     root = source_root()
     selected = _selected_domains()
     descriptions = _descriptions(root)
@@ -562,15 +541,15 @@ def _configure() -> _Configuration:
     if not sources:
         raise BuildError(f"tfcompress: no C++ sources under {root}")
     gpu_sources = {d.domain: tuple(d.gpu_sources()) for d in built}
-    gpu = _plan_gpu(gpu_sources, tf)
-    compile_flags = tuple(tf.sysconfig.get_compile_flags())
-    link_flags = tuple(tf.sysconfig.get_link_flags())
+    gpu = _plan_gpu(gpu_sources, facts)
+    compile_flags = facts.compile_flags
+    link_flags = facts.link_flags
     extra_link_flags = _extra_link_flags(selected, missing, descriptions) + gpu.link_flags
     common_copts = descriptions[_description.COMMON].copts
     domain_copts = {d.domain: common_copts + d.copts for d in built}
 
     digest = hashlib.sha256()
-    _update(digest, tf.__version__)
+    _update(digest, facts.version)
     _update(digest, "\0".join(compile_flags))
     _update(digest, "\0".join(link_flags + extra_link_flags))
     _update(digest, compiler_version)
@@ -599,7 +578,7 @@ def _configure() -> _Configuration:
         compiler_version=compiler_version,
         compile_flags=compile_flags,
         link_flags=link_flags + extra_link_flags,
-        tf_version=tf.__version__,
+        tf_version=facts.version,
         left_out=missing,
         gpu=gpu,
         cpu_domains=tuple(d.domain for d in built),
@@ -607,6 +586,73 @@ def _configure() -> _Configuration:
         sources_digest=files_digest.hexdigest(),
         key=digest.hexdigest()[:32],
     )
+
+
+@dataclass(frozen=True)
+class _TensorFlowFacts:
+    """What the build and its cache key take from the installed TensorFlow."""
+
+    version: str
+    compile_flags: tuple[str, ...]
+    link_flags: tuple[str, ...]
+    cuda_version: str | None  # None for a CPU-only TensorFlow
+
+
+def _tensorflow_facts(import_tensorflow: bool = True) -> _TensorFlowFacts | None:
+    """TensorFlow's version, flags and CUDA version, recorded per installation.
+
+    With TensorFlow imported (or ``import_tensorflow``) they are read from it
+    and recorded in the cache under a fingerprint of the installation (its
+    folder, and the size and time of its ``__init__.py`` and framework
+    library), so that a process that must not import TensorFlow
+    (``tfcompress --version``: milliseconds, not seconds) still computes the
+    loader's exact key. Returns None when TensorFlow is not imported,
+    ``import_tensorflow`` is False and no record exists.
+    """
+    fingerprint = _tensorflow_fingerprint()
+    record = cache_dir() / "ops" / "tensorflow" / f"{fingerprint}.json"
+    if "tensorflow" not in sys.modules and not import_tensorflow:
+        try:
+            saved = json.loads(record.read_text())
+            return _TensorFlowFacts(
+                version=saved["version"],
+                compile_flags=tuple(saved["compile_flags"]),
+                link_flags=tuple(saved["link_flags"]),
+                cuda_version=saved["cuda_version"],
+            )
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+    import tensorflow as tf  # deferred: importing this module must stay cheap
+
+    facts = _TensorFlowFacts(
+        version=tf.__version__,
+        compile_flags=tuple(tf.sysconfig.get_compile_flags()),
+        link_flags=tuple(tf.sysconfig.get_link_flags()),
+        cuda_version=_tf_cuda_version(tf),
+    )
+    text = json.dumps(dataclasses.asdict(facts), indent=2) + "\n"
+    with contextlib.suppress(OSError):  # a read-only cache only costs --version its speed
+        if not record.is_file() or record.read_text() != text:
+            record.parent.mkdir(parents=True, exist_ok=True)
+            partial = record.with_name(f".{record.name}.{os.getpid()}.tmp")
+            partial.write_text(text)
+            os.replace(partial, record)
+    return facts
+
+
+def _tensorflow_fingerprint() -> str:
+    """Names the installed TensorFlow without importing it (its folder and two files' stat)."""
+    spec = importlib.util.find_spec("tensorflow")
+    if spec is None or not spec.origin:
+        return "none"
+    folder = pathlib.Path(spec.origin).resolve().parent
+    digest = hashlib.sha256()
+    _update(digest, str(folder))
+    for name in ("__init__.py", "libtensorflow_framework.so.2"):
+        with contextlib.suppress(OSError):
+            stat = (folder / name).stat()
+            _update(digest, f"{name} {stat.st_size} {stat.st_mtime_ns}")
+    return digest.hexdigest()[:24]
 
 
 def _descriptions(root: pathlib.Path) -> dict[str, _description.DomainDescription]:
@@ -819,7 +865,9 @@ def _cuda_folders(nvcc: pathlib.Path) -> tuple[list[pathlib.Path], list[pathlib.
     return includes, libraries
 
 
-def _plan_gpu(gpu_sources: dict[str, tuple[pathlib.Path, ...]], tf) -> GpuBuild:
+def _plan_gpu(
+    gpu_sources: dict[str, tuple[pathlib.Path, ...]], facts: _TensorFlowFacts
+) -> GpuBuild:
     """Decides whether the build compiles the GPU sources, and with what.
 
     GPU kernels are built when some domain being built has GPU sources,
@@ -832,9 +880,9 @@ def _plan_gpu(gpu_sources: dict[str, tuple[pathlib.Path, ...]], tf) -> GpuBuild:
         return GpuBuild(reason="no domain being built has GPU sources (*_gpu.cu.cc)")
     if "cuda" in _pretended_missing():
         return GpuBuild(reason=f"${_WITHOUT_ENV_VAR} lists cuda")
-    cuda_version = _tf_cuda_version(tf)
+    cuda_version = facts.cuda_version
     if cuda_version is None:
-        return GpuBuild(reason=f"TensorFlow {tf.__version__} is not a CUDA build")
+        return GpuBuild(reason=f"TensorFlow {facts.version} is not a CUDA build")
     major = cuda_version.split(".")[0]
     toolkit_hint = _NVCC_HINT.format(major=major)
     nvcc = _find_nvcc()
@@ -852,7 +900,7 @@ def _plan_gpu(gpu_sources: dict[str, tuple[pathlib.Path, ...]], tf) -> GpuBuild:
         return GpuBuild(
             reason=(
                 f"nvcc {version} ({nvcc}) is not CUDA {major}, which TensorFlow "
-                f"{tf.__version__} was built with ({cuda_version}): {toolkit_hint}"
+                f"{facts.version} was built with ({cuda_version}): {toolkit_hint}"
             )
         )
     includes, libraries = _cuda_folders(nvcc)
