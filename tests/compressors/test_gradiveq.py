@@ -95,7 +95,7 @@ def test_slice_geometry_rules():
 def test_padding_round_trips_every_element():
     """A size K does not divide: the last slice is zero-padded, nothing is truncated."""
     shape = (3, 3, 16, 16)
-    c = GradiVeQ(slice_length=512, warmup_steps=0, sampling_steps=2, compressed_steps=2)
+    c = GradiVeQ(slice_length=512, warmup_steps=0, sampling_steps=3, compressed_steps=2)
     workers = Workers(c, shape, 1)
     x = np.random.default_rng(0).normal(size=shape).astype(np.float32)
     assert workers.layers[0].geometry == (512, 5)
@@ -192,7 +192,6 @@ def test_linearity_sum_of_payloads_is_payload_of_sum():
     layer = workers.layers[0]
     k, s = layer.geometry
     u = basis_of(layer)
-    mu = layer.mean.numpy().astype(np.float64)
     xs = [np.random.default_rng(10 + w).normal(size=shape).astype(np.float32) for w in range(3)]
     j, decoded, payloads = workers.step(xs)
     assert j == 1
@@ -200,8 +199,8 @@ def test_linearity_sum_of_payloads_is_payload_of_sum():
     summed = np.concatenate(
         [sum(p.tensors[f"coefficients_{i}"].numpy() for p in payloads) for i in range(2)], axis=1
     )
-    np.testing.assert_allclose(summed, u.T @ (total - mu).T, rtol=1e-4, atol=1e-4)
-    want = (u @ (u.T @ (total - mu).T)).T + mu
+    np.testing.assert_allclose(summed, u.T @ total.T, rtol=1e-4, atol=1e-4)
+    want = (u @ (u.T @ total.T)).T
     for got in decoded:
         np.testing.assert_allclose(got.reshape(s, k), want, rtol=1e-4, atol=1e-4)
     np.testing.assert_array_equal(decoded[0], decoded[1])
@@ -224,7 +223,7 @@ def test_payload_bytes_shrink_with_d():
 
 
 def test_full_rank_round_trip_is_exact():
-    """d = K: U is orthogonal, U U^T (g - mu) + mu = g."""
+    """d = K: U is orthogonal, U U^T g = g."""
     shape = (4, 8)  # dense: K = 32 (whole tensor), S = 1
     workers, _ = fitted_workers(shape, num_workers=2, steps=40, energy_loss=0.0, max_components=32)
     layer = workers.layers[0]
@@ -235,23 +234,26 @@ def test_full_rank_round_trip_is_exact():
 
 
 def test_streaming_sketch_spans_the_batch_principal_subspace():
-    """Folded buffer by buffer, the sketch equals the PCA of all fitted rows (no truncation)."""
+    """Folded buffer by buffer, the sketch equals the SVD of all fitted rows (no truncation).
+
+    The fitted rows are each step's aggregate at unit norm (uncentred); the
+    SVD comes from numpy.
+    """
     shape = (3, 3, 8, 8)  # K = 192, S = 3: a buffer of 6 rows, folded every 2 steps
-    steps = 12  # 10 fit steps (30 rows), held-out, handshake
+    steps = 12  # 11 fit steps (the last one checked first: 33 rows), handshake
     workers, data = fitted_workers(
         shape, num_workers=2, steps=steps, rank=5, noise=0.3, max_components=64
     )
     layer = workers.layers[0]
     k, s = layer.geometry
-    assert layer.buffer_rows == 6 and layer.width == 30
-    rows = np.stack([np.sum(xs, axis=0).reshape(s, k) for xs in data[: steps - 2]]).reshape(-1, k)
-    centred = rows.astype(np.float64) - rows.mean(axis=0)
-    np.testing.assert_allclose(layer.mean.numpy(), rows.mean(axis=0), rtol=1e-4, atol=1e-5)
-    _, sigma, vt = np.linalg.svd(centred, full_matrices=False)
-    # 30 centred rows have rank 29; the 30th value is float32 rounding (< 2e-4 sigma_1).
+    assert layer.buffer_rows == 6 and layer.width == 33
+    rows = []
+    for xs in data[: steps - 1]:
+        step_rows = np.sum(xs, axis=0).reshape(s, k).astype(np.float64)
+        rows.append(step_rows / np.linalg.norm(step_rows))
+    _, sigma, vt = np.linalg.svd(np.concatenate(rows), full_matrices=False)
     got = layer.singular.numpy()
-    np.testing.assert_allclose(got[:29], sigma[:29], rtol=1e-4, atol=1e-6 * sigma[0])
-    assert got[29] < 2e-4 * sigma[0]
+    np.testing.assert_allclose(got, sigma, rtol=1e-4, atol=1e-6 * sigma[0])
     # Same top-10 subspace: the projections onto each agree.
     got = layer.basis.numpy()[:10].astype(np.float64)
     np.testing.assert_allclose(got.T @ got, vt[:10].T @ vt[:10], atol=1e-4)
@@ -259,39 +261,128 @@ def test_streaming_sketch_spans_the_batch_principal_subspace():
 
 
 @pytest.mark.parametrize("rank", [2, 5, 9])
-def test_heldout_rank_choice_recovers_the_true_rank(rank):
-    """Rank r + noise: components past r only fit the sampled noise and are left out.
+def test_the_energy_rule_recovers_the_true_rank_and_the_check_measures_it(rank):
+    """Rank r + noise: the directions past r hold the noise's tiny share and are left out.
 
-    The sketch has 30 directions; the energy rule on the sampled data alone
-    keeps most of them (the noise is spread over all of them).
+    The self-check measured the basis fitted on the steps before the check
+    step on that step's aggregate: recomputed here from those steps alone.
     """
+    steps = 12
     workers, data = fitted_workers(
-        (3, 3, 8, 8), num_workers=2, steps=12, rank=rank, energy_loss=0.05
+        (3, 3, 8, 8), num_workers=2, steps=steps, rank=rank, energy_loss=0.001
     )
     layer = workers.layers[0]
-    assert int(layer.components) == rank
+    assert int(layer.components) == rank and int(layer.valid) == 1
     metrics = {k: float(v) for k, v in layer.metrics().items()}
     assert metrics["gradiveq_components"] == rank
-    assert metrics["gradiveq_kept_energy"] > 0.99
-    # The held-out error is measured on the held-out step's aggregate, recomputed here.
+    assert metrics["gradiveq_kept_energy"] > 0.999
+    assert metrics["gradiveq_fallbacks"] == 0
     k, s = layer.geometry
-    held = np.sum(data[-2], axis=0).reshape(s, k).astype(np.float64)
-    u, mu = basis_of(layer), layer.mean.numpy().astype(np.float64)
-    reconstructed = (u @ (u.T @ (held - mu).T)).T + mu
-    want = np.linalg.norm(held - reconstructed) / np.linalg.norm(held)
-    # (a small difference of float32 energies: ~1e-7 of the energy, so 2% of this error)
-    assert metrics["gradiveq_heldout_error"] == pytest.approx(want, rel=2e-2)
+    rows = []
+    for xs in data[: steps - 2]:
+        step_rows = np.sum(xs, axis=0).reshape(s, k).astype(np.float64)
+        rows.append(step_rows / np.linalg.norm(step_rows))
+    _, _, vt = np.linalg.svd(np.concatenate(rows), full_matrices=False)
+    check = np.sum(data[steps - 2], axis=0).reshape(s, k).astype(np.float64)
+    explained = np.sum((check @ vt[:rank].T) ** 2) / np.sum(check**2)
+    assert metrics["gradiveq_explained"] == pytest.approx(explained, abs=1e-4)
+    assert metrics["gradiveq_heldout_error"] == pytest.approx(np.sqrt(1 - explained), abs=1e-3)
 
 
-def test_two_sampling_steps_use_the_energy_rule_on_the_sketch():
-    workers, _ = fitted_workers((3, 3, 8, 8), num_workers=2, steps=2, energy_loss=0.01)
+def test_the_energy_rule_on_the_sketch():
+    workers, _ = fitted_workers((3, 3, 8, 8), num_workers=2, steps=6, energy_loss=0.01)
     layer = workers.layers[0]
     energy = layer.singular.numpy() ** 2
     kept = np.cumsum(energy) / energy.sum()
     d = int(layer.components)
     assert kept[d - 1] >= 0.99 - 1e-6 and (d == 1 or kept[d - 2] < 0.99 + 1e-6)
     assert float(layer.kept_energy) == pytest.approx(kept[d - 1], rel=1e-4)
-    assert int(layer.valid) == 1 and float(layer.heldout_error) == 0.0
+    assert int(layer.valid) == 1
+
+
+def pattern_gradients(rng, steps, workers, shape, patterns=2, noise=0.05):
+    """The issue's data: each worker's tensor a fresh N(0, 1) mix of fixed whole-tensor patterns.
+
+    Zero-mean mixes, so the mean of the samples tells nothing; each kernel
+    row of a pattern is a different vector, so the slices span ``patterns S``
+    dimensions.
+    """
+    size = int(np.prod(shape))
+    fixed = rng.normal(size=(patterns, size))
+    return [
+        [
+            (rng.normal(size=patterns) @ fixed + noise * rng.normal(size=size))
+            .reshape(shape)
+            .astype(np.float32)
+            for _ in range(workers)
+        ]
+        for _ in range(steps)
+    ]
+
+
+def cosine(a, b) -> float:
+    a, b = np.ravel(a).astype(np.float64), np.ravel(b).astype(np.float64)
+    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+@pytest.mark.parametrize("sampling", ["exact", "qsgd"])
+@pytest.mark.parametrize("num_workers", [2, 3, 4])
+def test_the_aggregate_points_where_the_exact_sum_points(sampling, num_workers):
+    """Tensors near a 2-pattern subspace: compressed sums point where the exact sums point.
+
+    Before the fit was uncentred, fitted every sampling step but the
+    handshake, and sampled with max-norm QSGD, the same data gave cosines of
+    -0.3..0.7 (ResNet shapes, issue 40); these blocks of 6 + 6 steps, two
+    of them (the second warm-started from the first), give a median above
+    0.99 and single steps down to 0.83 (a fresh mix far from those sampled).
+    Seeds fixed: the bounds are exact within a run.
+    """
+    shape = (3, 3, 32, 32)
+    c = GradiVeQ(warmup_steps=0, sampling_steps=6, compressed_steps=6, sampling=sampling, seed=5)
+    workers = Workers(c, shape, num_workers)
+    cosines = []
+    for xs in pattern_gradients(np.random.default_rng(num_workers), 24, num_workers, shape):
+        j, decoded, _ = workers.step(xs)
+        for other in decoded[1:]:
+            np.testing.assert_array_equal(other, decoded[0])  # one sum on every worker
+        if j == 1:
+            cosines.append(cosine(decoded[0], np.sum(xs, axis=0)))
+    assert len(cosines) == 12 and int(workers.layers[0].fallbacks) == 0
+    assert min(cosines) > 0.8, np.round(cosines, 3)
+    assert np.median(cosines) > 0.95, np.round(cosines, 3)
+
+
+def test_a_basis_that_explains_too_little_is_not_used(capfd):
+    """Unstructured gradients: the self-check fails, the block is exact, said once, counted."""
+    shape = (3, 3, 8, 8)
+    c = GradiVeQ(warmup_steps=0, sampling_steps=4, compressed_steps=3, sampling="exact")
+    workers = Workers(c, shape, 2)
+    rng = np.random.default_rng(1)
+    noise = [[rng.normal(size=shape).astype(np.float32) for _ in range(2)] for _ in range(11)]
+    for xs in noise[:4]:
+        assert workers.step(xs)[0] == 0
+    err = capfd.readouterr().err
+    assert err.count("explains only") == 2  # once per worker (layer)
+    assert "aggregated exactly for this block" in err
+    for layer in workers.layers:
+        assert int(layer.valid) == 0 and int(layer.components) == 0
+        assert int(layer.fallbacks) == 1 and float(layer.explained) < 0.64
+        assert float(layer.metrics()["gradiveq_fallbacks"]) == 1
+    for xs in noise[4:7]:  # exact sums, raw slices
+        j, decoded, payloads = workers.step(xs)
+        assert j == 1 and payloads[0].tensors["coefficients_0"].shape == (192, 3)
+        np.testing.assert_allclose(decoded[0], np.sum(xs, axis=0), rtol=1e-6, atol=1e-6)
+    for xs in noise[7:11]:  # the next block checks again, fails again: counted, not reprinted
+        workers.step(xs)
+    assert "explains only" not in capfd.readouterr().err
+    assert int(workers.layers[0].fallbacks) == 2
+
+
+def test_sampling_steps_below_three_cannot_fit_and_check_a_basis():
+    with pytest.raises(ValueError, match=r"sampling_steps=2\) must be an int >= 3: at least"):
+        GradiVeQ(sampling_steps=2)
+    with pytest.raises(ValueError, match="min_explained"):
+        GradiVeQ(min_explained=1.5)
 
 
 def test_sampling_state_is_at_most_twice_the_gradient():
@@ -335,7 +426,7 @@ def test_degenerate_samples_keep_the_layer_exact(bad, capfd):
     assert "degenerate" in capfd.readouterr().err
     layer = workers.layers[0]
     assert int(layer.valid) == 0 and int(layer.components) == 0
-    assert np.all(np.isfinite(layer.basis.numpy())) and np.all(np.isfinite(layer.mean.numpy()))
+    assert np.all(np.isfinite(layer.basis.numpy()))
     xs = [np.random.default_rng(w).normal(size=shape).astype(np.float32) for w in range(2)]
     j, decoded, payloads = workers.step(xs)
     assert j == 1
@@ -344,9 +435,14 @@ def test_degenerate_samples_keep_the_layer_exact(bad, capfd):
 
 
 def test_huge_finite_samples_fit_a_basis_without_failing():
-    """Samples whose squares overflow float32 (1e30) still fit: the Gram is float64."""
+    """Samples whose squares overflow float32 (1e30) still fit: the Gram is float64.
+
+    (Unstructured samples: the self-check is off, this is about the numerics.)
+    """
     shape = (3, 3, 4, 4)
-    c = GradiVeQ(warmup_steps=0, sampling_steps=3, compressed_steps=2, sampling="exact")
+    c = GradiVeQ(
+        warmup_steps=0, sampling_steps=3, compressed_steps=2, sampling="exact", min_explained=0.0
+    )
     workers = Workers(c, shape, 2)
     rng = np.random.default_rng(0)
     for _ in range(3):
@@ -371,7 +467,7 @@ def test_workers_that_fit_different_bases_fall_back_to_exact_for_the_block(sampl
         if t == 0:  # worker 1 buffers other samples than worker 0 (not folded yet)
             buffer = workers.layers[1].buffer
             buffer.assign(buffer + 1e-3)
-    for t in range(4, 6):  # held-out, handshake
+    for t in range(4, 6):  # check, handshake
         assert workers.step(data[t])[0] == 0
     err = capfd.readouterr().err
     assert err.count("fitted different bases") == 2  # once per worker (layer)
@@ -499,7 +595,7 @@ def test_qsgd_sampling_aggregates_and_fits_identically_on_every_worker():
         assert 0 < np.linalg.norm(decoded[0] - total) < np.linalg.norm(total)
     a, b = workers.layers
     assert int(a.valid) == 1 and int(a.mismatches) == 0
-    for name in ("basis", "mean", "singular", "components", "fingerprint"):
+    for name in ("basis", "singular", "components", "fingerprint"):
         np.testing.assert_array_equal(getattr(a, name).numpy(), getattr(b, name).numpy())
     j, decoded, _ = workers.step(data[6])
     assert j == 1
@@ -542,8 +638,11 @@ def test_metrics():
         "gradiveq_error",
         "gradiveq_refreshes",
         "gradiveq_mismatches",
+        "gradiveq_explained",
+        "gradiveq_fallbacks",
     }
     assert float(metrics["gradiveq_refreshes"]) == 1
+    assert float(metrics["gradiveq_explained"]) > 0.99 and float(metrics["gradiveq_fallbacks"]) == 0
     assert float(metrics["gradiveq_kept_energy"]) >= 0.99
     assert float(metrics["gradiveq_components"]) == int(workers.layers[0].components)
     assert float(metrics["gradiveq_heldout_error"]) < 0.05
@@ -573,7 +672,7 @@ def test_graph_step_matches_eager():
 
 
 def test_graph_sampling_block_matches_eager():
-    """A whole block traced (folds, held-out choice, handshake in conds) fits what eager fits."""
+    """A whole block traced (folds, check, handshake in conds) fits what eager fits."""
     shape = (3, 3, 8, 8)
     eager, data = fitted_workers(shape, num_workers=1, steps=6)
     options = {"warmup_steps": 0, "sampling_steps": 6, "compressed_steps": 4, "sampling": "exact"}
@@ -592,7 +691,7 @@ def test_graph_sampling_block_matches_eager():
 
     for xs in data:
         step(tf.constant(xs[0]))
-    for name in ("basis", "mean", "singular", "components", "valid", "fingerprint"):
+    for name in ("basis", "singular", "components", "valid", "fingerprint"):
         np.testing.assert_allclose(
             getattr(layer, name).numpy(),
             getattr(eager.layers[0], name).numpy(),
@@ -638,7 +737,7 @@ class TestGradiVeQConformance(CompressorConformance):
     num_branches = 2  # warm-up and sampling, compressed
 
     def make(self):
-        return GradiVeQ(warmup_steps=0, sampling_steps=2, compressed_steps=2, sampling="exact")
+        return GradiVeQ(warmup_steps=0, sampling_steps=3, compressed_steps=2, sampling="exact")
 
     def expected_payload_nbytes(self, shape, dtype):
         return int(np.prod(shape)) * dtype.size
@@ -668,7 +767,7 @@ class TestGradiVeQSampledByQSGDConformance(TestGradiVeQConformance):
     """The default: warm-up and sampling through 4-bit QSGD, then compressed."""
 
     def make(self):
-        return GradiVeQ(warmup_steps=0, sampling_steps=2, compressed_steps=2)
+        return GradiVeQ(warmup_steps=0, sampling_steps=3, compressed_steps=2)
 
     def expected_branch_payload_nbytes(self, shape, dtype, branch):
         if branch != 0:

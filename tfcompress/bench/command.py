@@ -4,6 +4,7 @@ tfcompress bench ops [--sizes 1000000 25000000] [--repeats 7] [--out DIR] [--plo
 tfcompress bench aggregate [--cluster local|tf_config] [--models ...] [--workers ...] ...
 tfcompress bench train [--task cnn|mlp] [--cluster local|tf_config] [--variants ...] ...
 tfcompress bench gradiveq [--train-steps 30] [--sampling-steps 40] [--out DIR] [--plot]
+tfcompress bench gradiveq --fidelity [--kinds ...] [--shapes small|resnet20|resnet18] ...
 tfcompress bench deepreduce [--ratios 0.01 0.1] [--repeats 5] [--out DIR] [--plot]
 
 Every argument is checked before a worker starts or anything is timed (see
@@ -14,6 +15,7 @@ benchmark's usage and one line naming the option, exit status 2.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 
 from tfcompress.bench.arguments import (
@@ -257,8 +259,73 @@ def _configure_gradiveq(benchmarks) -> None:
     gradiveq.add_argument(
         "--repeats", type=positive_int, default=10, help="timed repetitions (median)"
     )
-    gradiveq.add_argument("--out", default=None, help="folder for gradiveq.md/.json/.png")
-    gradiveq.add_argument("--plot", action="store_true", help="also draw gradiveq.png")
+    gradiveq.add_argument(
+        "--out", default=None, help="folder for gradiveq.md/.json/.png (--fidelity: results.*)"
+    )
+    gradiveq.add_argument("--plot", action="store_true", help="also draw the .png")
+    _configure_fidelity(gradiveq)
+
+
+def _configure_fidelity(gradiveq) -> None:
+    # The fidelity module imports TensorFlow only when run, so its names are cheap to read.
+    from tfcompress.bench.fidelity import KINDS, SHAPE_SETS  # noqa: PLC0415
+
+    fidelity = gradiveq.add_argument_group(
+        "fidelity",
+        "--fidelity measures instead the cosine and relative error of the aggregated sum "
+        "against the exact sum, GradiVeQ vs PowerSGD, for N emulated workers on gradients "
+        "of a known structure (tfcompress/bench/fidelity.py). The options above do not "
+        "apply; GradiVeQ's come from --gradiveq-options.",
+    )
+    fidelity.add_argument("--fidelity", action="store_true", help="run the fidelity comparison")
+    fidelity.add_argument(
+        "--kinds",
+        nargs="+",
+        choices=KINDS,
+        metavar="KIND",
+        default=list(KINDS),
+        help="gradients: " + ", ".join(KINDS) + " (default: all)",
+    )
+    fidelity.add_argument(
+        "--shapes",
+        choices=list(SHAPE_SETS),
+        default="resnet20",
+        help="tensor shapes of the synthetic kinds (the recorded ones have their model's)",
+    )
+    fidelity.add_argument(
+        "--workers", type=positive_int, nargs="+", default=[2, 3, 4], help="worker counts"
+    )
+    fidelity.add_argument("--steps", type=positive_int, default=100, help="steps per run")
+    fidelity.add_argument(
+        "--gradiveq-options",
+        type=_json_object,
+        default=None,
+        metavar="JSON",
+        help='GradiVeQ\'s options, e.g. \'{"sampling_steps": 4, "compressed_steps": 16}\' '
+        '(default: {"warmup_steps": 0})',
+    )
+    fidelity.add_argument(
+        "--powersgd-rank", type=positive_int, default=4, help="PowerSGD's rank (start_step 0)"
+    )
+    fidelity.add_argument(
+        "--equal-bytes",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also PowerSGD at the rank closest to GradiVeQ's compressed-step bytes",
+    )
+    fidelity.add_argument(
+        "--structure-rank", type=positive_int, default=4, help="r of the synthetic kinds"
+    )
+    fidelity.add_argument(
+        "--noise",
+        type=_non_negative_float,
+        default=0.05,
+        help="synthetic noise per element, relative to the signal's RMS",
+    )
+    fidelity.add_argument(
+        "--drift", type=_non_negative_float, default=0.05, help="drifting's pattern drift per step"
+    )
+    fidelity.add_argument("--seed", type=non_negative_int, default=0, help="seeds the gradients")
 
 
 def _configure_deepreduce(benchmarks) -> None:
@@ -292,6 +359,28 @@ def _energy_loss(text: str) -> float:
     return value
 
 
+def _json_object(text: str) -> dict:
+    """``--gradiveq-options``: a JSON object of keyword arguments."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise argparse.ArgumentTypeError(f"not JSON ({error}): {text}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"must be a JSON object {{...}}, got {text}")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    """A number >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text}")
+    return value
+
+
 def run_from_args(args: argparse.Namespace) -> int:
     """Runs the chosen benchmark, once its arguments are checked (exit status 2 if not)."""
     message = check_output(args.out, args.plot)
@@ -309,6 +398,10 @@ def run_from_args(args: argparse.Namespace) -> int:
         from tfcompress.bench import train  # noqa: PLC0415
 
         return train.main(args)
+    if args.benchmark == "gradiveq" and args.fidelity:
+        from tfcompress.bench import fidelity  # noqa: PLC0415
+
+        return fidelity.main(args)
     if args.benchmark == "gradiveq":
         from tfcompress.bench import gradiveq  # noqa: PLC0415
 
