@@ -1,8 +1,11 @@
 """The benchmark commands run end to end at a tiny size and print their tables."""
 
 import argparse
+import dataclasses
+import doctest
 import json
 import os
+import pathlib
 import re
 import signal
 import subprocess
@@ -425,7 +428,7 @@ def test_bench_train_mlp_task_rows():
             assert compressor.warmup_steps == 0 < compressor.sampling_steps
         if label == "deepreduce + EF":
             assert (options, error_feedback) == (
-                {"index_codec": "bloom", "value_codec": "qsgd"},
+                {"index_codec": "bloom", "value_codec": "qsgd", "seed": 0},
                 True,
             )
         assert diana == (label == "diana(qsgd 4-bit)")
@@ -465,8 +468,14 @@ def test_bench_train_settings_and_command():
     flags = dict(zip(options, options[1:], strict=False))
     assert flags["--model"] == "mlp" and flags["--steps-per-epoch"] == "3"
     assert flags["--train-size"] == "512" and flags["--curve"] == "/tmp/c.json"
-    assert flags["--validation-size"] == "2000"
+    assert flags["--validation-size"] == "2000" and flags["--seed"] == "1"
     assert options[:6] == bench_train.VARIANTS["qsgd 4-bit"]
+    # a later seed: the workers' and the compressor's move together
+    seeded = bench_train.train_command(mlp, "qsgd 4-bit", settings, "c.json", seed=3)
+    assert dict(zip(seeded, seeded[1:], strict=False))["--seed"] == "3"
+    assert seeded[3:9] == ["--compression", "qsgd", "--option", "bits=4", "--option", "seed=3"]
+    deepreduce = bench_train.train_command(mlp, "deepreduce + EF", settings, "c.json", seed=2)
+    assert "seed=1" in deepreduce and "seed=0" not in deepreduce  # the row's 0, plus 1
     cnn_settings = bench_train.resolve_settings(argparse.Namespace(), cnn)
     assert cnn_settings["steps_per_epoch"] is None and cnn_settings["workers"] == 2
     cnn_command = bench_train.train_command(cnn, "fp16", cnn_settings, "c.json")
@@ -485,39 +494,281 @@ def test_bench_train_settings_and_command():
             bench_train.resolve_settings(argparse.Namespace(**bad), mlp)
 
 
-def _curve(points):
-    return {
+def _curve(points, final=None):
+    curve = {
         "points": [
             {"epoch": k + 1, "steps": steps, "training_seconds": seconds, "bytes_sent": sent}
             | {"test_accuracy": accuracy, "loss": 1.0, "accuracy": accuracy}
             for k, (steps, seconds, sent, accuracy) in enumerate(points)
         ]
     }
+    if final is not None:
+        curve["summary"] = {"test_accuracy": final}
+    return curve
 
 
-def test_bench_train_table():
-    curves = {
-        # 10 s of tracing in the first epoch, then 3 s per step
-        "uncompressed": _curve([(20, 70.0, 400e6, 0.70), (40, 130.0, 800e6, 0.81)]),
-        "qsgd 4-bit": _curve([(20, 30.0, 60e6, 0.72), (40, 42.0, 120e6, 0.82)]),
-        "topk 1% + EF": _curve([(20, 20.0, 4e6, 0.60), (40, 28.0, 8e6, 0.75)]),
-    }
-    lines = bench_train.format_table(curves, 0.8).splitlines()
-    assert "| time to 80% (s) | vs uncompressed |" in lines[0]
-    assert all(line.count("|") == lines[0].count("|") for line in lines)
+def _load(runnable=1.0, cpu_count=2, samples=10, seconds=10.0, other=0.2, **extra):
+    return bench_train.LoadSummary(
+        cpu_count=cpu_count,
+        seconds=seconds,
+        samples=samples,
+        runnable_mean=runnable,
+        runnable_max=runnable + 2,
+        busy_cores_mean=1.5,
+        other_cores=other,
+        **extra,
+    )
+
+
+def _runs(*curves, loads=None):
+    loads = loads or [_load()] * len(curves)
+    return [
+        bench_train.SeedRun(seed, curve, load)
+        for seed, curve, load in zip(range(1, len(curves) + 1), curves, loads, strict=True)
+    ]
+
+
+def _table(text):
+    """{label: {column: cell}} of a train table, and the lines after it."""
+    lines = text.splitlines()
+    end = lines.index("")
+    assert all(line.count("|") == lines[0].count("|") for line in lines[:end])
     header = [c.strip() for c in lines[0].split("|")[1:-1]]
     rows = {
         cells[0]: dict(zip(header, cells, strict=True))
-        for cells in ([c.strip() for c in line.split("|")[1:-1]] for line in lines[2:])
+        for cells in ([c.strip() for c in line.split("|")[1:-1]] for line in lines[2:end])
     }
+    return rows, lines[end + 1 :]
+
+
+def test_bench_train_table_one_seed():
+    runs = {
+        # 10 s of tracing in the first epoch, then 3 s per step
+        "uncompressed": _runs(_curve([(20, 70.0, 400e6, 0.70), (40, 130.0, 800e6, 0.81)])),
+        "qsgd 4-bit": _runs(_curve([(20, 30.0, 60e6, 0.72), (40, 42.0, 120e6, 0.82)])),
+        "topk 1% + EF": _runs(
+            _curve([(20, 20.0, 4e6, 0.60), (40, 28.0, 8e6, 0.75)]), loads=[_load(runnable=2.5)]
+        ),
+    }
+    text = bench_train.format_table(runs, 0.8)
+    assert "| time to 80% (s) | vs uncompressed |" in text.splitlines()[0]
+    rows, notes = _table(text)
     assert rows["uncompressed"]["s / step"] == "3.00"  # (130 - 70) / 20, tracing excluded
     assert rows["uncompressed"]["time to 80% (s)"] == "130.0"
+    assert rows["uncompressed"]["reached 80%"] == "1/1"
     assert rows["qsgd 4-bit"]["time to 80% (s)"] == "42.0"
     assert rows["qsgd 4-bit"]["vs uncompressed"] == "3.10x"  # 130 / 42
     assert rows["qsgd 4-bit"]["ratio"] == "6.67x" and rows["qsgd 4-bit"]["steps"] == "40"
+    assert rows["qsgd 4-bit"]["final test accuracy"] == "0.8200"  # the last validation's
     assert rows["topk 1% + EF"]["time to 80% (s)"] == "not reached"
+    assert rows["topk 1% + EF"]["reached 80%"] == "0/1"
     assert rows["topk 1% + EF"]["vs uncompressed"] == ""
-    assert bench_train.seconds_per_step(curves["qsgd 4-bit"]["points"][:1]) == 1.5  # 30 / 20
+    # the load: runnable tasks, other work, and the flag with its footnote
+    assert rows["qsgd 4-bit"]["runnable: mean / max"] == "1.0 / 3"
+    assert rows["qsgd 4-bit"]["other CPU (cores)"] == "0.2"
+    assert rows["qsgd 4-bit"]["load"] == "" and rows["topk 1% + EF"]["load"] == "!"
+    assert notes[0].startswith("1 run per row;")
+    assert notes[1].startswith("! load: ") and "machine's 2 cores on average" in notes[1]
+    assert bench_train.seconds_per_step(runs["qsgd 4-bit"][0].curve["points"][:1]) == 1.5
+
+
+def test_bench_train_table_seeds():
+    def curve(first, second, final, sent=120e6):  # two epochs of 20 steps
+        return _curve([(20, first[0], sent / 2, first[1]), (40, second[0], sent, second[1])], final)
+
+    busy = _load(runnable=3.0)  # more runnable tasks than the 2 cores
+    runs = {
+        "uncompressed": _runs(
+            curve((70, 0.70), (130, 0.81), 0.83, 800e6),
+            curve((60, 0.72), (120, 0.80), 0.82, 800e6),
+            curve((80, 0.81), (140, 0.82), 0.84, 800e6),
+        ),
+        # one of three runs misses the target: the median is still measured
+        "qsgd 4-bit": _runs(
+            curve((30, 0.72), (42, 0.82), 0.82),
+            curve((35, 0.70), (50, 0.79), 0.79),
+            curve((25, 0.81), (40, 0.83), 0.83),
+            loads=[_load(), busy, _load()],
+        ),
+        # two of three miss it: the median is not reached either
+        "topk 1% + EF": _runs(
+            curve((20, 0.60), (28, 0.75), 0.75, 8e6),
+            curve((20, 0.65), (26, 0.81), 0.81, 8e6),
+            curve((20, 0.62), (29, 0.78), 0.78, 8e6),
+            loads=[busy] * 3,
+        ),
+    }
+    text = bench_train.format_table(runs, 0.8)
+    time_column = "time to 80% (s): median [min, max]"
+    accuracy_column = "final test accuracy: median [min, max]"
+    assert f"| {time_column} | vs uncompressed |" in text.splitlines()[0]
+    rows, notes = _table(text)
+    plain, qsgd, topk = rows["uncompressed"], rows["qsgd 4-bit"], rows["topk 1% + EF"]
+    assert plain["reached 80%"] == "3/3"
+    assert plain[time_column] == "120.0 [80.0, 130.0]"  # 130, 120, 80
+    assert plain[accuracy_column] == "0.8300 [0.8200, 0.8400]"  # the summaries'
+    assert qsgd["reached 80%"] == "2/3"
+    assert qsgd[time_column] == "42.0 [25.0, not reached]"
+    assert qsgd["vs uncompressed"] == "2.86x"  # 120 / 42, medians
+    assert qsgd[accuracy_column] == "0.8200 [0.7900, 0.8300]"
+    assert qsgd["load"] == "! 1/3"
+    assert topk["reached 80%"] == "1/3"
+    assert topk[time_column] == "not reached [26.0, not reached]"
+    assert topk["vs uncompressed"] == "" and topk["load"] == "! 3/3"
+    assert topk["ratio"] == "100.00x"  # 800 / 8 MB, medians
+    assert plain["training time (s)"] == "130.0" and plain["s / step"] == "3.00"
+    assert notes[0].startswith("3 runs per row;") and "'not reached'" in notes[0]
+    # every run's result is kept beside the summaries
+    record = bench_train.results_record(runs, 0.8, task="mlp", link="none", seeds=[1, 2, 3])
+    assert record["seeds"] == [1, 2, 3] and record["target"] == 0.8
+    row = record["rows"]["qsgd 4-bit"]
+    assert [run["seed"] for run in row["runs"]] == [1, 2, 3]
+    assert [run["time_to_target"] for run in row["runs"]] == [42, None, 25]
+    assert [run["load"]["overloaded"] for run in row["runs"]] == [False, True, False]
+    assert row["runs"][1]["curve"] == runs["qsgd 4-bit"][1].curve
+    summary = row["summary"]
+    assert summary["time_to_target"] == {"median": 42, "minimum": 25, "maximum": None}
+    assert (summary["reached"], summary["runs"], summary["overloaded_runs"]) == (2, 3, 1)
+    assert summary["load"]["runnable_mean"] == pytest.approx(5 / 3)  # 1, 3, 1 over 10 each
+    json.dumps(record)  # plain JSON
+
+
+def test_bench_train_spread():
+    spread, Spread = bench_train.spread, bench_train.Spread
+    assert spread([3.0]) == Spread(3.0, 3.0, 3.0)
+    assert spread([None]) == Spread(None, None, None)
+    assert spread([5.0, 1.0, 3.0]) == Spread(3.0, 1.0, 5.0)
+    assert spread([4.0, 1.0, 3.0, 2.0]) == Spread(2.5, 1.0, 4.0)
+    # a run that never reached the target is slower than all that did
+    assert spread([None, 1.0, 3.0]) == Spread(3.0, 1.0, None)
+    assert spread([None, 1.0, None]) == Spread(None, 1.0, None)
+    assert spread([2.0, None, 1.0, 3.0]) == Spread(2.5, 1.0, None)
+    assert spread([2.0, None, 1.0, None]) == Spread(None, 1.0, None)  # a middle one missed
+    with pytest.raises(ValueError):
+        spread([])
+    assert doctest.testmod(bench_train).failed == 0
+
+
+def test_bench_train_seeds():
+    resolve = bench_train.resolve_seeds
+    assert resolve(argparse.Namespace()) == [1, 2, 3]  # DEFAULT_SEEDS from FIRST_SEED
+    assert resolve(argparse.Namespace(seeds=1)) == [1]
+    assert resolve(argparse.Namespace(seeds=5)) == [1, 2, 3, 4, 5]
+    with pytest.raises(ValueError, match="--seeds 0: must be at least 1"):
+        resolve(argparse.Namespace(seeds=0))
+    seeded = bench_train.seeded_arguments
+    row = ["--compression", "powersgd", "--option", "rank=2", "--option", "seed=1"]
+    assert seeded(row, 1) == row  # the first run is the row as written
+    assert seeded(row, 4)[-1] == "seed=4"
+    assert seeded(["--compression", "topk", "--error-feedback"], 3) == [
+        "--compression",
+        "topk",
+        "--error-feedback",
+    ]
+
+
+def test_bench_train_rows_seed_every_random_compressor():
+    """A row whose compressor takes a seed names it, so that --seeds changes its noise."""
+    import inspect  # noqa: PLC0415
+
+    from tfcompress.compressors import available, get  # noqa: PLC0415
+
+    for task in bench_train.TASKS.values():
+        for label, arguments in task.variants.items():
+            name, options, _, _ = _train_options(arguments)
+            if name == "none" or name not in available():
+                continue
+            compressor = get(name, **options)  # the options are the compressor's own
+            takes_seed = "seed" in inspect.signature(type(compressor).__init__).parameters
+            assert ("seed" in options) == takes_seed, (task.model, label)
+
+
+def test_bench_train_seeds_option(capsys):
+    from tfcompress.cli import build_parser  # noqa: PLC0415
+    from tfcompress.cli import main as cli_main  # noqa: PLC0415
+
+    parse = build_parser().parse_args
+    assert parse(["bench", "train"]).seeds == bench_train.DEFAULT_SEEDS == 3
+    assert parse(["bench", "train", "--seeds", "1"]).seeds == 1
+    for bad, message in (("0", "got 0"), ("two", "must be an integer")):
+        with pytest.raises(SystemExit) as exit_info:
+            cli_main(["bench", "train", "--seeds", bad])
+        assert exit_info.value.code == 2
+        error = capsys.readouterr().err.strip().splitlines()[-1]
+        assert error.startswith("tfcompress bench train: error: argument --seeds: ")
+        assert message in error
+
+
+class _FakeStat:
+    """Readings of a machine whose 2 CPUs were half busy between two readings."""
+
+    def __init__(self, runnable):
+        self.runnable = list(runnable)
+        self.calls = 0
+
+    def __call__(self):
+        self.calls += 1
+        runnable = self.runnable[min(self.calls, len(self.runnable)) - 1]
+        return bench_train.LoadReading(
+            runnable, 1.5, busy_ticks=100 * self.calls, total_ticks=200 * self.calls
+        )
+
+
+def test_bench_train_load_summary():
+    readings = [
+        bench_train.LoadReading(1, 0.5, 1000, 2000),
+        bench_train.LoadReading(3, 1.0, 1150, 2200),  # 150 of 200 ticks busy: 1.5 cores
+        bench_train.LoadReading(4, 1.5, 1200, 2400),  # 50 of 200: 0.5 cores
+    ]
+    load = bench_train.summarize_load(readings, seconds=2.0, own_cpu_seconds=1.6, cpu_count=2)
+    assert (load.samples, load.runnable_mean, load.runnable_max) == (3, pytest.approx(8 / 3), 4)
+    assert (load.load_average_mean, load.load_average_max) == (1.0, 1.5)
+    assert load.busy_cores_mean == pytest.approx(1.0)  # 200 of 400 ticks on 2 cores
+    assert load.busy_cores_max == pytest.approx(1.5)
+    assert load.other_cores == pytest.approx(0.2)  # 1.0 busy - 1.6 s / 2 s of our own
+    assert load.overloaded and load.load_mean == load.runnable_mean  # 2.67 > 2 cores
+    assert not dataclasses.replace(load, cpu_count=4).overloaded
+    # where /proc/stat is not readable, the 1-minute load average decides
+    averages = [bench_train.LoadReading(None, value, None, None) for value in (2.0, 3.0)]
+    load = bench_train.summarize_load(averages, seconds=1.0, own_cpu_seconds=0.5, cpu_count=2)
+    assert load.runnable_mean is None and load.busy_cores_mean is load.other_cores is None
+    assert load.load_mean == 2.5 and load.overloaded
+    blind = bench_train.summarize_load(
+        [bench_train.LoadReading(None, None, None, None)], seconds=1, own_cpu_seconds=0, cpu_count=2
+    )
+    assert blind.load_mean is None and not blind.overloaded
+    # a row's runs pooled: means by readings (tasks) or seconds (cores), maxima of maxima
+    short = _load(runnable=4.0, samples=10, seconds=5.0, other=1.0)
+    long = _load(runnable=1.0, samples=30, seconds=15.0, other=0.2)
+    row = bench_train.combine_loads([short, long])
+    assert row.runnable_mean == pytest.approx(1.75) and row.runnable_max == 6.0
+    assert row.other_cores == pytest.approx(0.4) and row.samples == 40 and row.seconds == 20
+    assert row.load_average_mean is None  # neither run read it
+
+
+def test_bench_train_load_sampler():
+    fake = _FakeStat([1, 3, 3, 5])
+    clock = iter(float(t) for t in range(100))
+    cpu = iter([10.0, 10.5])
+    sampler = bench_train.LoadSampler(
+        0.001, read=fake, own_cpu_seconds=lambda: next(cpu), clock=lambda: next(clock), cpu_count=2
+    )
+    with sampler:
+        deadline = time.monotonic() + 5
+        while len(sampler.readings) < 4 and time.monotonic() < deadline:
+            time.sleep(0.001)
+    load = sampler.summary
+    assert load.samples == fake.calls >= 5  # the first, the thread's, the last
+    assert load.runnable_max == 5 and 1 < load.runnable_mean < 5
+    assert load.busy_cores_mean == pytest.approx(1.0)  # half of 2 CPUs, every interval
+    assert load.seconds == 1.0 and load.other_cores == pytest.approx(0.5)  # 1.0 - 0.5 s / 1 s
+    assert not sampler._thread.is_alive()
+    # this machine's own reading: Linux's /proc/stat, the reader left out
+    reading = bench_train.read_load()
+    if pathlib.Path("/proc/stat").exists():
+        assert reading.runnable >= 0 and reading.total_ticks > reading.busy_ticks > 0
+    assert bench_train.parse_proc_stat("cpu 1 2 3\n") == (None, 6, 6)  # a short line: no I/O wait
+    assert bench_train.parse_proc_stat("") == (None, None, None)
 
 
 def test_bench_train_arguments_are_checked_before_running(capsys, monkeypatch):
@@ -531,6 +782,8 @@ def test_bench_train_arguments_are_checked_before_running(capsys, monkeypatch):
     assert "'powersgd rank 4'" in err
     assert main(epochs=0) == 2
     assert "--epochs 0: must be at least 1" in capsys.readouterr().err
+    assert main(seeds=0) == 2
+    assert "--seeds 0: must be at least 1" in capsys.readouterr().err
     monkeypatch.delenv("TF_CONFIG", raising=False)
     assert main(cluster="tf_config") == 2
     assert "TF_CONFIG is not set" in capsys.readouterr().err
@@ -679,23 +932,36 @@ def test_bench_train_tf_config_mlp(tmp_path):
         ["train", "--task", "mlp", "--cluster", "tf_config", "--variants", "uncompressed"]
         + ["qsgd 4-bit", "--epochs", "1", "--steps-per-epoch", "3", "--train-size", "256"]
         + ["--batch-size", "32", "--target", "0.3", "--out", str(tmp_path / "out{TASK}")]
-        + ["--plot"],
+        + ["--seeds", "2", "--plot"],
     )
-    assert "training mlp as worker 0 of TF_CONFIG's 2 workers at tf_config" in chief.stderr
-    assert "| qsgd 4-bit |" in chief.stdout and "| uncompressed |" in chief.stdout
+    # the tasks run the rows in rounds of seeds, in the same order
+    assert "[4/4] qsgd 4-bit, seed 2: training mlp as worker 0 of TF_CONFIG's 2 workers " in (
+        chief.stderr
+    )
+    assert "| qsgd 4-bit | " in chief.stdout and "| uncompressed | " in chief.stdout
     assert "worker 1: done; the chief writes the table" in other.stderr
     assert "| uncompressed |" not in other.stdout and not (tmp_path / "out1").exists()
-    curves = json.loads((tmp_path / "out0" / "train.json").read_text())
-    assert list(curves) == ["uncompressed", "qsgd 4-bit"]
-    for curve in curves.values():
-        assert [p["steps"] for p in curve["points"]] == [3]  # an epoch of --steps-per-epoch
-        summary = curve["summary"]
-        assert (summary["model"], summary["parameters"], summary["workers"]) == (
-            "mlp",
-            5_824_522,
-            2,
-        )
-    plain, qsgd = (curves[label]["summary"] for label in ("uncompressed", "qsgd 4-bit"))
+    record = json.loads((tmp_path / "out0" / "train.json").read_text())
+    assert record["seeds"] == [1, 2] and list(record["rows"]) == ["uncompressed", "qsgd 4-bit"]
+    for row in record["rows"].values():
+        assert [run["seed"] for run in row["runs"]] == [1, 2] and row["summary"]["runs"] == 2
+        for run in row["runs"]:
+            curve = run["curve"]
+            assert [p["steps"] for p in curve["points"]] == [3]  # an epoch of --steps-per-epoch
+            summary = curve["summary"]
+            assert (summary["model"], summary["parameters"], summary["workers"]) == (
+                "mlp",
+                5_824_522,
+                2,
+            )
+            assert run["load"]["samples"] >= 2 and run["load"]["cpu_count"] == os.cpu_count()
+        # another seed, another run: other weights and another order of the data
+        first, second = (run["curve"]["points"][0]["loss"] for run in row["runs"])
+        assert first != second
+    plain, qsgd = (
+        record["rows"][label]["runs"][0]["curve"]["summary"]
+        for label in ("uncompressed", "qsgd 4-bit")
+    )
     # every float32 gradient all-reduced: 23.3 MB per step
     assert plain["bytes_sent_per_step"] >= 4 * 5_824_522
     assert qsgd["bytes_sent_per_step"] < 0.2 * plain["bytes_sent_per_step"]

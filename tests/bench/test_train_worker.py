@@ -110,7 +110,7 @@ def test_bench_train_runs_from_an_installed_copy(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "tfcompress.cli", "bench", "train", "--variants", "fp16"]
         + ["--bandwidth", "none", "--epochs", "2", "--train-size", "1024", "--batch-size", "64"]
-        + ["--target", "0.5", "--out", str(out), "--plot"],
+        + ["--target", "0.5", "--seeds", "1", "--out", str(out), "--plot"],
         cwd=cwd,
         env=env,
         capture_output=True,
@@ -118,8 +118,9 @@ def test_bench_train_runs_from_an_installed_copy(tmp_path):
         timeout=600,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "| fp16 |" in proc.stdout
-    curve = json.loads((out / "train.json").read_text())["fp16"]
+    assert "| fp16 | " in proc.stdout
+    (run,) = json.loads((out / "train.json").read_text())["rows"]["fp16"]["runs"]
+    curve = run["curve"]
     assert [p["epoch"] for p in curve["points"]] == [1, 2]
     assert curve["points"][1]["bytes_sent"] > curve["points"][0]["bytes_sent"] > 0
     assert curve["points"][1]["training_seconds"] > curve["points"][0]["training_seconds"] > 0

@@ -264,8 +264,8 @@ def test_streaming_sketch_spans_the_batch_principal_subspace():
 def test_the_energy_rule_recovers_the_true_rank_and_the_check_measures_it(rank):
     """Rank r + noise: the directions past r hold the noise's tiny share and are left out.
 
-    The self-check measured the basis fitted on the steps before the check
-    step on that step's aggregate: recomputed here from those steps alone.
+    The self-check measured, on each of the last three fit steps, the basis
+    fitted on the steps before it, and kept the least share: recomputed here.
     """
     steps = 12
     workers, data = fitted_workers(
@@ -282,9 +282,12 @@ def test_the_energy_rule_recovers_the_true_rank_and_the_check_measures_it(rank):
     for xs in data[: steps - 2]:
         step_rows = np.sum(xs, axis=0).reshape(s, k).astype(np.float64)
         rows.append(step_rows / np.linalg.norm(step_rows))
-    _, _, vt = np.linalg.svd(np.concatenate(rows), full_matrices=False)
-    check = np.sum(data[steps - 2], axis=0).reshape(s, k).astype(np.float64)
-    explained = np.sum((check @ vt[:rank].T) ** 2) / np.sum(check**2)
+    shares = []
+    for check_step in range(steps - 4, steps - 1):  # the last three fit steps
+        _, _, vt = np.linalg.svd(np.concatenate(rows[:check_step]), full_matrices=False)
+        check = np.sum(data[check_step], axis=0).reshape(s, k).astype(np.float64)
+        shares.append(np.sum((check @ vt[:rank].T) ** 2) / np.sum(check**2))
+    explained = min(shares)
     assert metrics["gradiveq_explained"] == pytest.approx(explained, abs=1e-4)
     assert metrics["gradiveq_heldout_error"] == pytest.approx(np.sqrt(1 - explained), abs=1e-3)
 
@@ -332,16 +335,16 @@ def test_the_aggregate_points_where_the_exact_sum_points(sampling, num_workers):
 
     Before the fit was uncentred, fitted every sampling step but the
     handshake, and sampled with max-norm QSGD, the same data gave cosines of
-    -0.3..0.7 (ResNet shapes, issue 40); these blocks of 6 + 6 steps, two
+    -0.3..0.7 (ResNet shapes, issue 40); these blocks of 8 + 6 steps, two
     of them (the second warm-started from the first), give a median above
     0.99 and single steps down to 0.83 (a fresh mix far from those sampled).
     Seeds fixed: the bounds are exact within a run.
     """
     shape = (3, 3, 32, 32)
-    c = GradiVeQ(warmup_steps=0, sampling_steps=6, compressed_steps=6, sampling=sampling, seed=5)
+    c = GradiVeQ(warmup_steps=0, sampling_steps=8, compressed_steps=6, sampling=sampling, seed=5)
     workers = Workers(c, shape, num_workers)
     cosines = []
-    for xs in pattern_gradients(np.random.default_rng(num_workers), 24, num_workers, shape):
+    for xs in pattern_gradients(np.random.default_rng(num_workers), 28, num_workers, shape):
         j, decoded, _ = workers.step(xs)
         for other in decoded[1:]:
             np.testing.assert_array_equal(other, decoded[0])  # one sum on every worker

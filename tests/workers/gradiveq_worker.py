@@ -5,8 +5,8 @@ Usage: gradiveq_worker.py --mode {bases,fit} [--compression none,gradiveq] --out
 ``bases``: 26 steps of a small CNN on random data with
 ``GradiVeQ(warmup_steps=2, sampling_steps=4, compressed_steps=4)`` (4-bit QSGD
 sampling, the default); after step 10 (the first fit step of the second
-block) worker 1 perturbs its buffered samples, so the second block's bases
-differ and must fall back to exact aggregation. Writes DIR/worker<i>.npz with
+block, already folded into the sketch) worker 1 perturbs its sketch, so the
+second block's bases differ and must fall back to exact aggregation. Writes DIR/worker<i>.npz with
 the phase of every step (read from the schedule), the bytes sent per step,
 the final weights, each compressed tensor's mismatch count, and a copy of
 every basis U taken right after each refresh (``basis_<refresh>_<tensor>``).
@@ -145,7 +145,7 @@ class Recorder(keras.callbacks.Callback):
                 self.refreshes[key] = count
                 self.bases[f"basis_{count}_{i}"] = layer.basis.numpy().copy()
             if args.mode == "bases" and task == 1 and batch == 10:
-                layer.buffer.assign(layer.buffer + 1e-3)  # worker 1 samples otherwise
+                layer.basis.assign(layer.basis + 1e-3)  # worker 1's sketch drifts off
 
 
 summaries = {}

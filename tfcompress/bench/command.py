@@ -151,7 +151,7 @@ def _add_cluster_option(parser: argparse.ArgumentParser) -> None:
 
 def _configure_train(benchmarks) -> None:
     # The train module imports TensorFlow only when run.
-    from tfcompress.bench.train import ALL_VARIANTS, TASKS  # noqa: PLC0415
+    from tfcompress.bench.train import ALL_VARIANTS, DEFAULT_SEEDS, TASKS  # noqa: PLC0415
 
     train = benchmarks.add_parser(
         "train",
@@ -213,6 +213,15 @@ def _configure_train(benchmarks) -> None:
     )
     train.add_argument(
         "--target", type=fraction, default=None, help="(task) test accuracy for 'time to'"
+    )
+    train.add_argument(
+        "--seeds",
+        type=positive_int,
+        default=DEFAULT_SEEDS,
+        metavar="N",
+        help=f"runs per row, with seeds 1 to N (the workers' --seed; the compressors' seeds "
+        f"follow): the table gives their median, min and max (default {DEFAULT_SEEDS}; 1 for "
+        "a quick run)",
     )
     train.add_argument(
         "--timeout", type=positive_float, default=1800, help="seconds per training run"

@@ -1,0 +1,233 @@
+"""GradiVeQ's phase branches: the compressors a bound tensor switches between.
+
+Branch 0 (warm-up and sampling) is :class:`ExactBranch` or
+:class:`SamplingBranch`, branch 1 (compressed) :class:`CompressedBranch`;
+each is a view of one tensor's :class:`~tfcompress.compressors.gradiveq.layer.GradiVeQLayer`,
+which holds the state and makes them (``GradiVeQLayer.branch``). They take
+the layer as an argument and do not import its module, which imports this
+one (tests/test_layers.py forbids import cycles); hence ``layer`` is typed as
+a :class:`Compressor`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import tensorflow as tf
+
+from tfcompress.compressors.base import Compressor, Payload
+from tfcompress.compressors.gradiveq import handshake
+from tfcompress.ops.checks import invalid_argument, require
+
+__all__ = ["CompressedBranch", "ExactBranch", "SamplingBranch", "checked_tensors"]
+
+
+class _Branch(Compressor):
+    """One branch of a GradiVeQ tensor's switch: a compressor bound to the tensor's layer."""
+
+    name = "gradiveq"
+
+    def __init__(self, layer: Compressor):
+        self.layer = layer
+        self.supported_dtypes = layer.supported_dtypes
+
+
+class ExactBranch(_Branch):
+    """Branch 0 with exact sampling: the gradient itself (plus the residual) and the check."""
+
+    summable = True
+
+    def compress(self, x: tf.Tensor) -> Payload:
+        layer = self.layer
+        x = self._check_input(x)
+        values = layer.with_residual(x)
+        with tf.control_dependencies(layer.set_residual(None)):
+            check = tf.identity(layer.local_check())
+        return Payload(tensors={"values": values, "check": check}, **self._metadata(x))
+
+    def decompress(self, payload: Payload) -> tf.Tensor:
+        layer = self.layer
+        agreed = layer.agreed_in_sum(payload.tensors["check"])
+        return layer.record(payload.tensors["values"], agreed)
+
+
+class SamplingBranch(_Branch):
+    """Branch 0 with a sampling compressor: its payload plus the check; records the aggregate."""
+
+    @property
+    def summable(self) -> bool:  # type: ignore[override]
+        return self.layer.sampler.summable
+
+    def compress(self, x: tf.Tensor) -> Payload:
+        layer = self.layer
+        x = self._check_input(x)
+        payload = layer.sampler.compress(layer.with_residual(x))
+        with tf.control_dependencies(layer.set_residual(None)):
+            check = tf.identity(layer.local_check())
+        return payload.replace({**payload.tensors, _CHECK: check})
+
+    def decompress(self, payload: Payload) -> tf.Tensor:
+        layer = self.layer
+        decoded = layer.sampler.decompress(_without_check(payload))
+        if not self.summable:
+            return decoded
+        return layer.record(decoded, layer.agreed_in_sum(payload.tensors[_CHECK]))
+
+    def aggregate(self, payloads: Sequence[Payload]) -> tf.Tensor:
+        layer = self.layer
+        agreed = handshake.agreed_in_gather(
+            [p.tensors[_CHECK] for p in payloads], layer.local_check()
+        )
+        total = layer.sampler.aggregate([_without_check(p) for p in payloads])
+        return layer.record(total, agreed)
+
+
+_CHECK = "gradiveq_check"
+
+
+def _without_check(payload: Payload) -> Payload:
+    return payload.replace({k: v for k, v in payload.tensors.items() if k != _CHECK})
+
+
+class CompressedBranch(_Branch):
+    """Branch 1: ``U_d g_n`` per pack of slices, summed by all-reduce.
+
+    An exact layer (degenerate samples, a failed self-check, or workers that
+    did not agree) has ``d = 0``, and its pack tensors append the ``K`` raw
+    rows, so one payload layout serves both cases. The work over ``K`` is two
+    matrix products with ``U_d`` (a view of the basis's first ``d`` rows, not
+    a copy) and one reduction of the gradient (its norm, for the error).
+    """
+
+    summable = True
+
+    def compress(self, x: tf.Tensor) -> Payload:
+        layer = self.layer
+        x = self._check_input(x)
+        slices = layer.slices(layer.with_residual(x))
+        k = layer.geometry[0]
+        cdt = layer.compute_dtype
+        d = layer.components.read_value()
+        exact = 1 - layer.valid.read_value()
+        basis = layer.basis.read_value()[:d]  # a view: rows of a row-major variable
+        tensors = {}
+        captured = tf.constant(0.0, cdt)
+        residuals = []
+        for p, (a, b) in enumerate(layer.pack_bounds):
+            part = slices[a:b]
+            coefficients = tf.matmul(basis, part, transpose_b=True)
+            # [K, S_p] for an exact layer, else [0, S_p] (no transposed copy of the slices)
+            raw = tf.transpose(part[:, : k * exact])
+            tensors[f"coefficients_{p}"] = tf.concat([coefficients, raw], axis=0)
+            captured += tf.reduce_sum(tf.square(coefficients))
+            if layer.residual is not None:
+                kept = tf.matmul(coefficients, basis, transpose_a=True)
+                residuals.append((part - kept) * tf.cast(1 - exact, part.dtype))
+        flat = tf.reshape(slices, [1, -1])
+        norm = tf.squeeze(tf.matmul(flat, flat, transpose_b=True))
+        # ||g - U^T c||^2 = ||g||^2 - ||c||^2 for orthonormal rows of U.
+        relative = tf.sqrt(tf.math.divide_no_nan(tf.maximum(norm - captured, 0.0), norm))
+        relative = tf.cast(relative, tf.float32) * tf.cast(1 - exact, tf.float32)
+        dependencies = []
+        if residuals:
+            dependencies = layer.set_residual(tf.concat(residuals, axis=0))
+        with tf.control_dependencies(dependencies):
+            tensors["check"] = tf.concat([layer.local_check(), relative[None]], axis=0)
+        return Payload(tensors=tensors, **self._metadata(x))
+
+    def decompress(self, payload: Payload) -> tf.Tensor:
+        layer = self.layer
+        replicas = layer.context.num_replicas
+        d = layer.components.read_value()
+        check, packs = checked_tensors(layer, payload, d)
+        differs = (
+            f"GradiVeQ: the basis (U, d) of tensor {layer.context.key} differs "
+            "across workers (sum of fingerprints != N x local fingerprint) although "
+            "they agreed at the end of sampling: the state was changed on one worker "
+            "(e.g. restored from another checkpoint); their coefficients cannot be "
+            "summed"
+        )
+        same = require(layer.agreed_in_sum(check[:2]), lambda: [differs])
+        summed = tf.concat(packs, axis=1) if len(packs) > 1 else packs[0]  # [d (+K), S]
+
+        def projected() -> tf.Tensor:  # U_d^T c, [S, K], written once
+            basis = layer.basis.read_value()[:d]
+            return tf.matmul(summed[:d], basis, transpose_a=True)
+
+        def raw() -> tf.Tensor:  # an exact layer: d = 0, the raw rows follow
+            return tf.transpose(summed[d:])
+
+        slices = tf.cond(layer.valid.read_value() > 0, projected, raw)
+        mean_error = check[2] / replicas
+        with tf.control_dependencies([*same, *layer.record_error(mean_error)]):
+            return tf.identity(layer.unslice(slices, payload))
+
+
+def checked_tensors(
+    layer: Compressor, payload: Payload, d: tf.Tensor
+) -> tuple[tf.Tensor, list[tf.Tensor]]:
+    """``check`` and the coefficient packs of a compressed-branch payload, shapes checked.
+
+    Pack ``p`` must be ``[d + K (1 - valid), S_p]`` and ``check`` ``[3]``: a
+    pack with a row too many or a column too few would otherwise decode to a
+    wrong gradient without an error (docs/PAYLOADS.md: every decoder checks
+    every length).
+
+    Raises:
+        tf.errors.InvalidArgumentError: a tensor is missing or of the wrong
+            rank (at trace time), or of the wrong shape (at run time), naming
+            the tensor.
+    """
+    key = layer.context.key
+    k = layer.geometry[0]
+    rows = d + tf.constant(k, d.dtype) * (1 - layer.valid.read_value())
+    expected = [("check", None, 3)] + [
+        (f"coefficients_{p}", rows, b - a) for p, (a, b) in enumerate(layer.pack_bounds)
+    ]
+    checked = {}
+    static_rows = {}  # the first pack's static row count, which every pack must share
+    for name, expected_rows, columns in expected:
+        if name not in payload.tensors:
+            raise invalid_argument(
+                f"GradiVeQ: corrupted payload: tensor {key} has no `{name}` "
+                f"(got {sorted(payload.tensors)})"
+            )
+        tensor = tf.convert_to_tensor(payload.tensors[name])
+        rank = 1 if expected_rows is None else 2
+        if tensor.shape.rank is not None and tensor.shape.rank != rank:
+            raise invalid_argument(
+                f"GradiVeQ: corrupted payload: `{name}` of tensor {key} has shape "
+                f"{tensor.shape}, expected rank {rank}"
+            )
+        static = tensor.shape.as_list() if tensor.shape.rank is not None else None
+        if static is not None and static[-1] is not None and static[-1] != columns:
+            raise invalid_argument(
+                f"GradiVeQ: corrupted payload: `{name}` of tensor {key} has shape "
+                f"{tensor.shape}, expected {columns} columns"
+            )
+        if expected_rows is not None and static is not None and static[0] is not None:
+            first = static_rows.setdefault("rows", (name, static[0]))
+            if first[1] != static[0]:
+                raise invalid_argument(
+                    f"GradiVeQ: corrupted payload: `{name}` of tensor {key} has shape "
+                    f"{tensor.shape}: {static[0]} rows, but `{first[0]}` has {first[1]}"
+                )
+        shape = tf.shape(tensor, out_type=tf.int64)
+        if expected_rows is None:
+            want = tf.constant([columns], tf.int64)
+            text = f"[{columns}]"
+        else:
+            want = tf.stack([tf.cast(expected_rows, tf.int64), tf.constant(columns, tf.int64)])
+            text = f"[d + K (1 - valid), {columns}] (K = {k})"
+        checks = require(
+            tf.equal(tf.size(shape), rank) & tf.reduce_all(tf.equal(shape, want)),
+            lambda name=name, shape=shape, want=want, text=text: [
+                f"GradiVeQ: corrupted payload: `{name}` of tensor {key} has shape ",
+                shape,
+                f", expected {text} = ",
+                want,
+            ],
+        )
+        with tf.control_dependencies(checks):
+            checked[name] = tf.identity(tensor)
+    return checked["check"], [checked[f"coefficients_{p}"] for p in range(len(layer.pack_bounds))]
