@@ -726,6 +726,32 @@ def test_checkpoint_mid_schedule_reproduces_next_payloads(tmp_path):
         np.testing.assert_array_equal(dg[0], dw[0])
 
 
+def test_checkpoint_inside_a_warm_started_block_resumes_bit_identically(tmp_path):
+    """Saved in the second block's check steps (warm-started sketch, the running least
+    explained share), restored into fresh workers: the same payloads and sums after."""
+    shape = (3, 3, 8, 8)
+    options = {"warmup_steps": 0, "sampling_steps": 6, "compressed_steps": 3, "sampling": "qsgd"}
+    data = low_rank_gradients(np.random.default_rng(9), 22, 2, shape)
+    first = Workers(GradiVeQ(**options), shape, 2)
+    for xs in data[:13]:  # block 1 (6 + 3), then positions 0-3 of block 2 (3: a check step)
+        first.step(xs)
+    assert float(first.layers[0].explained) > 0  # mid-check: a running least share
+    path = tf.train.Checkpoint(state=first.variables()).save(str(tmp_path / "ckpt"))
+    want = [first.step(xs) for xs in data[13:]]
+
+    second = Workers(GradiVeQ(**options), shape, 2)
+    tf.train.Checkpoint(state=second.variables()).restore(path).assert_consumed()
+    got = [second.step(xs) for xs in data[13:]]
+    assert [g[0] for g in got] == [w[0] for w in want] == [0, 0, 1, 1, 1, 0, 0, 0, 0]
+    for (_, dg, pg), (_, dw, pw) in zip(got, want, strict=True):
+        for a, b in zip(pg, pw, strict=True):
+            for name in a.tensors:
+                np.testing.assert_array_equal(a.tensors[name].numpy(), b.tensors[name].numpy())
+        np.testing.assert_array_equal(dg[0], dw[0])
+    for a, b in zip(first.variables(), second.variables(), strict=True):
+        np.testing.assert_array_equal(a.numpy(), b.numpy(), err_msg=a.name)
+
+
 # -- the standard compressor tests --------------------------------------------------------------
 
 

@@ -78,6 +78,7 @@ CHANGES = [
     ("gradiveq", {}, "packs", 2, "compressor.packs"),
     ("gradiveq", {}, "seed", 1, "compressor.seed"),
     ("gradiveq", {}, "error_feedback", True, "compressor.error_feedback"),
+    ("gradiveq", {}, "min_explained", 0.5, "compressor.min_explained"),
     ("deepreduce", {}, "sparsifier", RandomK(ratio=0.01), "compressor.sparsifier"),
     ("deepreduce", {}, "sparsifier", TopK(ratio=0.02), "compressor.sparsifier.ratio"),
     ("deepreduce", {}, "index_codec", "varint", "compressor.index_codec"),

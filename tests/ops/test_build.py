@@ -609,17 +609,7 @@ def test_version_names_the_loaded_library_whatever_else_the_cache_holds(
     expected = f"op library: built, cached at {cache / 'ops' / loaded.parent.name / loaded.name}"
     assert ops_cli.version_text().splitlines()[-1] == expected
 
-    environment = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
-    result = subprocess.run(
-        [sys.executable, "-c", VERSION_SCRIPT],
-        env=environment,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert result.returncode == 0, result.stderr
-    out = result.stdout.splitlines()
+    out = version_in_a_fresh_process(tmp_path)
     assert expected in out and "TENSORFLOW IMPORTED False" in out
 
 
@@ -648,18 +638,23 @@ VERSION_SCRIPT = textwrap.dedent(
 )
 
 
-def test_version_is_fast_and_imports_no_tensorflow(tmp_path):
+def version_in_a_fresh_process(folder: pathlib.Path) -> list[str]:
+    """The lines ``tfcompress --version`` prints in a new interpreter run in ``folder``."""
     environment = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
     result = subprocess.run(
         [sys.executable, "-c", VERSION_SCRIPT],
         env=environment,
-        cwd=tmp_path,
+        cwd=folder,
         capture_output=True,
         text=True,
         timeout=60,
     )
     assert result.returncode == 0, result.stderr
-    out = result.stdout.splitlines()
+    return result.stdout.splitlines()
+
+
+def test_version_is_fast_and_imports_no_tensorflow(tmp_path):
+    out = version_in_a_fresh_process(tmp_path)
     assert out[0].startswith("tfcompress ") and out[1].startswith("TensorFlow ")
     assert any(line.startswith("op library: ") for line in out)
     assert "EXIT 0" in out and "TENSORFLOW IMPORTED False" in out

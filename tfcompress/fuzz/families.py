@@ -462,7 +462,8 @@ def _gradiveq() -> Family:
     while int(schedule.branch_index()) == 0:  # sampling: fit a basis of rank about 3
         rows = rng.standard_normal((3, 3)) @ directions
         x = tf.constant(rows.reshape(_GRADIVEQ_SHAPE).astype(np.float32))
-        layer.branch(0).decompress(layer.branch(0).compress(x))
+        sampling = layer.branch(0)  # QSGD payloads: gathered, so aggregate() records the fit
+        sampling.aggregate([sampling.compress(x)])
         schedule.advance(tf.constant(0))
     branch = layer.branch(1)
 

@@ -316,8 +316,8 @@ class GradiVeQ(Compressor):
         number of slices, ``l`` the sketch width ``min(K, F m, max_components)``
         (or ``components``, when smaller): the bound of a fitted layer, whose
         ``d`` the energy rule picks at run time. The 12 bytes are the check
-        (fingerprint pair and error). A layer whose fit degenerated sends its
-        raw slices instead (package docstring).
+        (fingerprint pair and error). A layer whose fit degenerated or failed
+        the self-check sends its raw slices instead (package docstring).
         """
         n = static_num_elements(shape)
         if n is None or n == 0:
