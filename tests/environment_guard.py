@@ -66,11 +66,13 @@ class EnvironmentGuard:
         self.reported = False
 
     def changes(self) -> str:
+        """What differs from the session's start ("" when nothing)."""
         current = installed()
         return describe(self.baseline, current) if current != self.baseline else ""
 
     @pytest.hookimpl(hookwrapper=True, trylast=True)
     def pytest_runtest_teardown(self, item: pytest.Item):
+        """Fails the teardown of the first test after which a distribution changed."""
         outcome = yield
         stamps = _stamps()
         if stamps == self.stamps or self.reported:
@@ -88,6 +90,7 @@ class EnvironmentGuard:
             )
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        """Fails the run for a change no test was named for."""
         changed = self.changes()
         if changed and not self.reported:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
@@ -98,4 +101,5 @@ class EnvironmentGuard:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    """Registers the guard, recording the environment as the session starts."""
     config.pluginmanager.register(EnvironmentGuard(), "tfcompress-environment-guard")

@@ -75,8 +75,9 @@ with its squared singular values halved (a warm start, as PowerSGD reuses its
 ``Q``): a short block refines the basis instead of fitting one from nothing,
 and old directions fade as the gradients drift.
 
-Where this departs from the paper, and why (measured with 2-4 simulated
-workers on tensors that are a fresh random mix of 2 fixed patterns plus 5%
+Where this departs from the paper, and why (measured 2026-12-04 with 2-4
+workers simulated in one process, as ``tfcompress bench gradiveq --fidelity``
+drives them, on tensors that are a fresh random mix of 2 fixed patterns plus 5%
 noise, ResNet-18 and ResNet-20 conv shapes, blocks of 3-4 sampling steps):
 the paper centres the samples (``g' = U^T (g - mu)``, ``g^ = U g' + mu``).
 With few samples the centred directions span only the differences between
