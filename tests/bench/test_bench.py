@@ -1,6 +1,7 @@
 """The benchmark commands run end to end at a tiny size and print their tables."""
 
 import argparse
+import ast
 import dataclasses
 import doctest
 import json
@@ -112,7 +113,9 @@ def test_aggregate_wire_limit_per_path():
 
 def test_aggregate_table():
     rows = [
-        _row("uncompressed", "auto", 0.240, 1_000_000, path="all-reduce", packs=0),
+        _row(
+            "uncompressed", "auto", 0.240, 1_000_000, path="all-reduce", packs=0, cosines=[1.0]
+        ),
         _row(
             "qsgd 4-bit",
             "buckets allgather",
@@ -123,6 +126,7 @@ def test_aggregate_table():
             decompress_seconds=0.010,
             path="allgather",
             packs=3,
+            cosines=[0.99, 0.97, 0.995],
         ),
         _row(
             "qsgd 4-bit",
@@ -158,8 +162,11 @@ def test_aggregate_table():
     assert table[2]["limit (ms)"] == "8"  # (3 * 20 + 0.75 * 40 + 1.5 * 10) kB at 100 Mbit/s
     assert table[2]["collectives (ms)"] == "0.0"  # clipped
     assert table[3]["time (ms)"] == "not available"
+    assert table[0]["cos: median [min]"] == "1.000 [1.000]"
+    assert table[1]["cos: median [min]"] == "0.990 [0.970]"
+    assert table[2]["cos: median [min]"] == ""  # no cosine measured
     loopback = format_table([{**rows[0], "bandwidth": "none"}])
-    assert loopback.splitlines()[2].endswith("| n/a | n/a |")
+    assert loopback.splitlines()[2].endswith("| n/a | n/a | 1.000 [1.000] |")
 
 
 def _phased_row(aggregation, sampling, compressed, lt=40, lc=60, **extra):
@@ -212,8 +219,9 @@ def test_aggregate_phase_plan():
     assert gradiveq.warmup_steps == paper.warmup_steps == 1
     assert (paper.sampling_steps, paper.compressed_steps) == (100, 400)  # GradiVeQ.paper()
     lt, lc = gradiveq.sampling_steps, gradiveq.compressed_steps  # the library's defaults
-    assert phase_plan(gradiveq, 3) == PhasePlan(1, lt, MIN_COMPRESSED_CALLS, lt, lc)
-    assert phase_plan(paper, 3) == PhasePlan(1, 100, 5, 100, 400)
+    refit = gradiveq.refit_steps  # the library's refits after the first block
+    assert phase_plan(gradiveq, 3) == PhasePlan(1, lt, MIN_COMPRESSED_CALLS, lt, lc, refit)
+    assert phase_plan(paper, 3) == PhasePlan(1, 100, 5, 100, 400)  # fixed blocks: no refit
     assert phase_plan(paper, 12).compressed == 12  # max(--repeats, 5)
     assert phase_plan(paper, 1000).compressed == 400  # at most L_c
     assert phase_plan(_make("qsgd 4-bit"), 3) is None
@@ -223,6 +231,34 @@ def test_aggregate_phase_plan():
     with pytest.raises(ValueError, match="warmup_steps >= 1"):
         phase_plan(GradiVeQ(warmup_steps=0), 3)  # the trace would be a sampling step
     assert phase_plan(GradiVeQ(warmup_steps=3), 3).untimed == 3
+    # refit blocks (shorter sampling after the first block) are timed too
+    assert phase_plan(GradiVeQ(warmup_steps=1, refit_steps=8), 3).refit_steps == 8
+    assert phase_plan(GradiVeQ(warmup_steps=1, refit_steps=None), 3).refit_steps == 0
+    assert phase_plan(GradiVeQ(warmup_steps=1, sampling_steps=8, refit_steps=8), 3).refit_steps == 0
+
+
+def test_aggregate_refit_block():
+    sampling = _phase(0.300, 150_000, "allgather", calls=40)
+    compressed = _phase(0.100, 20_000, "all-reduce")
+    refit = _phase(0.400, 150_000, "allgather", calls=8)
+    plan = PhasePlan(1, 40, 5, 40, 60, refit_steps=8)
+    row = block_average(refit, compressed, plan, refit=True)
+    assert row["seconds"] == pytest.approx((8 * 0.400 + 60 * 0.100) / 68)
+    assert block_average(sampling, compressed, plan)["seconds"] == pytest.approx(0.18)
+    table_row = {
+        **_row("gradiveq", "auto", row["seconds"], row["bytes_sent"]),
+        "block": [40, 60, 8],
+        "phases": {
+            "sampling": sampling,
+            "compressed": compressed,
+            "refit": refit,
+            "refit compressed": {**compressed, "seconds": 0.110},
+        },
+        "cosines": [0.99, 0.95, 0.98],
+    }
+    line = format_table([table_row]).splitlines()[2]
+    assert "| 40 x 300.0 + 60 x 100.0; then 8 x 400.0 + 60 x 110.0 |" in line
+    assert line.endswith("| 0.980 [0.950] |")
 
 
 def test_aggregate_one_pack_setting():
@@ -333,6 +369,9 @@ def test_bench_aggregate_loopback(tmp_path):
         ("qsgd 4-bit", "one pack"),
     ]
     plain, gathered, two_stage, one_pack = rows
+    # each timed call's sum against the exact sum of the workers' tensors
+    assert len(plain["cosines"]) == 1 and plain["cosines"][0] > 0.99999
+    assert all(0.9 < c < 0.99999 for row in rows[1:] for c in row["cosines"])  # 4-bit noise
     assert one_pack["path"] == "allgather" and one_pack["packs"] == 1  # auto at N = 2
     assert plain["bytes_sent"] == plain["bytes_uncompressed"] and plain["path"] == "all-reduce"
     assert gathered["bytes_sent"] < 0.25 * plain["bytes_sent"]  # 4-bit payloads
@@ -357,10 +396,12 @@ def test_bench_train_variants(capsys):
     options = dict(value.split("=", 1) for value in extra[3::2])
     from tfcompress.compressors import GradiVeQ, get  # noqa: PLC0415
 
-    compressor = get("gradiveq", **{key: int(value) for key, value in options.items()})
+    compressor = get("gradiveq", **{key: ast.literal_eval(v) for key, v in options.items()})
     paper = GradiVeQ.paper()
-    for key in ("warmup_steps", "sampling_steps", "compressed_steps"):
+    keys = ("warmup_steps", "sampling_steps", "compressed_steps", "refit_steps")
+    for key in (*keys, "refresh_threshold"):
         assert getattr(compressor, key) == getattr(paper, key)
+    assert paper.refit_steps is None and paper.refresh_threshold is None  # fixed blocks
     # an unknown label fails before any training, naming the valid ones
     args = argparse.Namespace(variants=["gradiveq-paper"])
     assert bench_train.main(args) == 2
@@ -373,8 +414,6 @@ def test_bench_train_variants(capsys):
 
 def _train_options(arguments: list[str]) -> tuple[str, dict, bool, bool]:
     """(name, options, error feedback, DIANA) as tfcompress.bench.train_worker reads them."""
-    import ast  # noqa: PLC0415
-
     name = arguments[arguments.index("--compression") + 1]
     options = {}
     for k, item in enumerate(arguments):
@@ -823,7 +862,9 @@ def test_bench_aggregate_tf_config_arguments(capsys, monkeypatch):
     # the link column of a TF_CONFIG cluster without a declared rate: no wire limit
     row = _row("uncompressed", "auto", 0.2, 1_000_000, path="all-reduce", packs=0)
     assert (
-        format_table([{**row, "bandwidth": "tf_config"}]).splitlines()[2].endswith("| n/a | n/a |")
+        format_table([{**row, "bandwidth": "tf_config"}])
+        .splitlines()[2]
+        .endswith("| n/a | n/a |  |")
     )
 
 

@@ -121,6 +121,7 @@ def test_padding_round_trips_every_element():
         ({"packs": 0}, "packs"),
         ({"error_feedback": 1}, "error_feedback"),
         ({"slice_length": 768, "slice_size": 768}, "slice_size"),
+        ({"refit_steps": 2}, "refit_steps"),
     ],
 )
 def test_rejects_bad_options(options, match):
@@ -158,6 +159,50 @@ def test_schedule_switches_as_configured(sampling):
     # warm-up and sampling go through branch 0 (exact, or the sampling compressor)
     assert got == "000001100011"
     assert int(workers.layers[0].refreshes) == 2  # two bases fitted
+
+
+def test_refit_blocks_sample_fewer_steps():
+    """First block L_t = 5 sampling steps, then refits of 3, also after an early refresh."""
+    c = GradiVeQ(warmup_steps=2, sampling_steps=5, compressed_steps=2, refit_steps=3)
+    workers = Workers(c, (16, 64), 2)
+    schedule = workers.schedules[0]
+    rng = np.random.default_rng(1)
+    got = ""
+    for step in range(19):
+        if step == 17:  # an early refresh in the third block's first compressed step
+            for each in workers.schedules:
+                each.request_refresh(tf.constant(True))
+        j, _, _ = workers.step([rng.normal(size=(16, 64)).astype(np.float32) for _ in range(2)])
+        got += str(j)
+    # warm-up 2 | sampling 5 | compressed 2 | refit 3 | compressed 2 | refit 3 | compressed 1
+    # (refresh) | a refit again
+    assert got == "00" + "00000" + "11" + "000" + "11" + "000" + "1" + "0"
+    assert int(schedule.early_refreshes) == 1
+    assert c.get_config()["refit_steps"] == 3 and c.fit_steps == 4
+
+
+def test_a_refit_keeps_the_basis_on_the_data():
+    """After the first block, 4-step refits fold new steps into the warm sketch: the
+    basis stays valid and the compressed sums stay on the exact ones."""
+    shape = (3, 3, 8, 8)
+    c = GradiVeQ(
+        warmup_steps=0, sampling_steps=8, compressed_steps=3, refit_steps=4, sampling="exact"
+    )
+    workers = Workers(c, shape, 2)
+    data = low_rank_gradients(np.random.default_rng(5), 8 + 3 + 4 + 3 + 4 + 3, 2, shape)
+    phases = ""
+    for xs in data:
+        j, decoded, _ = workers.step(xs)
+        phases += str(j)
+        if j == 1:
+            exact = np.sum(xs, axis=0)
+            cosine = np.vdot(decoded[0], exact) / np.linalg.norm(decoded[0]) / np.linalg.norm(exact)
+            assert cosine > 0.999
+            np.testing.assert_array_equal(decoded[0], decoded[1])
+    assert phases == "0" * 8 + "111" + "0000" + "111" + "0000" + "111"
+    a, b = workers.layers
+    assert int(a.refreshes) == 3 and int(a.fallbacks) == 0 and int(a.valid) == 1
+    np.testing.assert_array_equal(a.basis.numpy(), b.basis.numpy())
 
 
 # -- the algorithm --------------------------------------------------------------------------
@@ -462,7 +507,14 @@ def test_huge_finite_samples_fit_a_basis_without_failing():
 def test_workers_that_fit_different_bases_fall_back_to_exact_for_the_block(sampling, capfd):
     """One worker's samples perturbed: the handshake catches it, the sums stay exact."""
     shape = (3, 3, 8, 8)
-    c = GradiVeQ(warmup_steps=0, sampling_steps=6, compressed_steps=3, sampling=sampling, seed=1)
+    c = GradiVeQ(
+        warmup_steps=0,
+        sampling_steps=6,
+        compressed_steps=3,
+        sampling=sampling,
+        seed=1,
+        refit_steps=None,  # the next block refits from nothing, as long as the first
+    )
     workers = Workers(c, shape, 2)
     data = low_rank_gradients(np.random.default_rng(4), 20, 2, shape)
     for t in range(4):  # fit steps
@@ -609,7 +661,9 @@ def test_qsgd_sampling_aggregates_and_fits_identically_on_every_worker():
 def test_error_feedback_keeps_what_the_projection_dropped():
     """sum of decoded sums + the workers' residuals = sum of all gradients (telescoping)."""
     shape = (3, 3, 8, 8)
-    workers, _ = fitted_workers(shape, num_workers=2, steps=6, error_feedback=True)
+    workers, _ = fitted_workers(
+        shape, num_workers=2, steps=6, error_feedback=True, refresh_threshold=None
+    )  # (dense noise would end the compressed phase at once)
     rng = np.random.default_rng(8)
     sent, got = np.zeros(shape), np.zeros(shape)
     for _ in range(4):  # compressed steps
@@ -727,22 +781,30 @@ def test_checkpoint_mid_schedule_reproduces_next_payloads(tmp_path):
 
 
 def test_checkpoint_inside_a_warm_started_block_resumes_bit_identically(tmp_path):
-    """Saved in the second block's check steps (warm-started sketch, the running least
-    explained share), restored into fresh workers: the same payloads and sums after."""
+    """Saved in the check steps of a refit (the second block: a warm-started sketch, the
+    running least explained share), restored into fresh workers: the same payloads and
+    sums after, through the next refit."""
     shape = (3, 3, 8, 8)
-    options = {"warmup_steps": 0, "sampling_steps": 6, "compressed_steps": 3, "sampling": "qsgd"}
+    options = {
+        "warmup_steps": 0,
+        "sampling_steps": 6,
+        "compressed_steps": 3,
+        "refit_steps": 4,
+        "sampling": "qsgd",
+    }
     data = low_rank_gradients(np.random.default_rng(9), 22, 2, shape)
     first = Workers(GradiVeQ(**options), shape, 2)
-    for xs in data[:13]:  # block 1 (6 + 3), then positions 0-3 of block 2 (3: a check step)
+    for xs in data[:12]:  # block 1 (6 + 3), then positions 0-2 of the refit (1, 2: checks)
         first.step(xs)
     assert float(first.layers[0].explained) > 0  # mid-check: a running least share
     path = tf.train.Checkpoint(state=first.variables()).save(str(tmp_path / "ckpt"))
-    want = [first.step(xs) for xs in data[13:]]
+    want = [first.step(xs) for xs in data[12:]]
 
     second = Workers(GradiVeQ(**options), shape, 2)
     tf.train.Checkpoint(state=second.variables()).restore(path).assert_consumed()
-    got = [second.step(xs) for xs in data[13:]]
-    assert [g[0] for g in got] == [w[0] for w in want] == [0, 0, 1, 1, 1, 0, 0, 0, 0]
+    got = [second.step(xs) for xs in data[12:]]
+    # the refit's handshake, its compressed phase, the next refit (4), compressed again
+    assert [g[0] for g in got] == [w[0] for w in want] == [0, 1, 1, 1, 0, 0, 0, 0, 1, 1]
     for (_, dg, pg), (_, dw, pw) in zip(got, want, strict=True):
         for a, b in zip(pg, pw, strict=True):
             for name in a.tensors:

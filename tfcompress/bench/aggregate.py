@@ -32,9 +32,16 @@ its ``buckets two_stage`` is ``buckets allgather``; uncompressed tensors are
 not packed, so its ``one pack`` is ``auto``) is not measured again: its row
 repeats that row's numbers and its aggregation cell says ``(= ...)``.
 
-Each worker aggregates random tensors of the model's gradient shapes through
+Each worker aggregates tensors of the model's gradient shapes through
 ``tfcompress.distribute.MultiWorkerMirroredStrategy`` inside a
-``tf.function``; the figures are per call: the median over ``--repeats``
+``tf.function``: fresh random ones every call (``--gradients random``, the
+default), or tensors of a known low-dimensional structure made by
+:func:`tfcompress.bench.fidelity.synthetic_gradients` (``--gradients
+kernel_subspace``: each tensor a fresh mix per worker and call of 4 fixed
+patterns plus 5% noise; ``drifting``: the patterns move 5% per call). Every
+worker makes every worker's tensors of a call (untimed), so it also knows
+their exact sum; the workers meet at a barrier (a small all-gather) before
+each timed call. The figures are per call: the median over ``--repeats``
 calls after a warm-up call, as seen by worker 0 (which also prints one
 progress line per row to stderr); phased compressors (GradiVeQ) are timed
 per block instead, see below. Columns:
@@ -69,7 +76,10 @@ per block instead, see below. Columns:
 
       limit = 8 * ((N-1) G + (N-1)/N A + 2 (N-1)/N R) / rate
 
-  ``n/a`` on the loopback; **time / limit**: how close the row gets to it.
+  ``n/a`` on the loopback; **time / limit**: how close the row gets to it;
+* **cos: median [min]**: the cosine of each timed call's aggregated sum
+  with the exact sum of the workers' tensors, the median and the least over
+  the row's timed calls (every speed figure with its fidelity).
 
 ``aggregate.json`` holds every row with its byte counters, ``all_seconds`` and
 ``timeline``: the last call's ``[packs, 4]`` (start, compressed, received,
@@ -101,14 +111,22 @@ row's **time**, hence its **vs uncompressed**. Its per-call counters
 block averages of the phases' per-call means likewise; **path** names both
 phases' paths when they differ (``allgather / all-reduce`` with QSGD
 sampling); **packs** and the timeline are the last compressed call's. A
-footnote under the table says so. ``aggregate.json`` also holds,
-per phased row, ``block`` (``[L_t, L_c]``) and ``phases``: per phase the
-timed ``calls``, their mean ``seconds``, ``all_seconds``, per-call counters
-and ``path`` (``all_seconds`` of the row: both phases' calls in order).
-Random gradients have a flat spectrum, so the bases keep nearly all the
-components they can and the compressed bytes are no guide to those of real
-gradients (docs/BENCHMARKS.md, section 5). What the pipelining of packs is
-worth to GradiVeQ::
+footnote under the table says so. A compressor whose later blocks sample
+fewer times (GradiVeQ's ``refit_steps`` ``L_r``) runs the rest of the
+first block's compressed calls untimed and then times a whole refit phase
+(``L_r`` calls) and ``max(--repeats, 5)`` compressed calls after it: the
+row's time is then that of a refit block, ``(L_r s' + L_c c') / (L_r +
+L_c)``, what every block but the first costs (the first block's average is
+``first_block_seconds`` in the json). ``aggregate.json`` also holds,
+per phased row, ``block`` (``[L_t, L_c, L_r]``, ``L_r`` 0 without refits)
+and ``phases``: per phase (``sampling``, ``compressed``, ``refit``,
+``refit compressed``) the timed ``calls``, their mean ``seconds``,
+``all_seconds``, ``cosines``, per-call counters and ``path``
+(``all_seconds`` and ``cosines`` of the row: every phase's calls in order).
+Random gradients have a flat spectrum: no basis fitted on past calls
+explains a new one, so GradiVeQ's self-check sends them exactly and only
+``--gradients kernel_subspace`` (or ``drifting``) shows its compressed
+phase. What the pipelining of packs is worth to GradiVeQ::
 
     tfcompress bench aggregate --models resnet18 --workers 2 --bandwidth none \\
         --variants uncompressed gradiveq --aggregations auto "one pack"
@@ -162,6 +180,7 @@ __all__ = [
     "AGGREGATIONS",
     "DEFAULT_AGGREGATIONS",
     "DEFAULT_VARIANTS",
+    "GRADIENTS",
     "VARIANTS",
     "PhasePlan",
     "Variant",
@@ -216,6 +235,10 @@ _OPT_IN_VARIANTS = ("gradiveq", "gradiveq paper")
 DEFAULT_VARIANTS: tuple[str, ...] = tuple(
     label for label in VARIANTS if label not in _OPT_IN_VARIANTS
 )
+
+#: ``--gradients``: random N(0, 0.01) tensors, or a structured kind of
+#: :mod:`tfcompress.bench.fidelity` (``kernel_subspace``: what GradiVeQ's bases capture).
+GRADIENTS: tuple[str, ...] = ("random", "kernel_subspace", "drifting")
 
 #: Compressed calls timed per phased row at least (more with a larger ``--repeats``).
 MIN_COMPRESSED_CALLS = 5
@@ -296,6 +319,11 @@ class PhasePlan(NamedTuple):
       compressed: timed compressed calls, ``max(repeats, 5)`` but at most ``L_c``.
       sampling_steps: ``L_t``, the weight of a sampling call in the block.
       compressed_steps: ``L_c``, the weight of a compressed call in the block.
+      refit_steps: ``L_r``, the sampling steps of the blocks after the first
+        (GradiVeQ's ``refit_steps``), whose calls and the next ``compressed``
+        are timed too (after the first block's other compressed calls, run
+        untimed); 0 when every block samples ``L_t`` times (nothing more to
+        time: the next blocks cost what the first does).
     """
 
     untimed: int
@@ -303,6 +331,7 @@ class PhasePlan(NamedTuple):
     compressed: int
     sampling_steps: int
     compressed_steps: int
+    refit_steps: int = 0
 
 
 def phase_plan(compressor, repeats: int) -> PhasePlan | None:
@@ -326,7 +355,9 @@ def phase_plan(compressor, repeats: int) -> PhasePlan | None:
             "warmup_steps >= 1, the untimed trace call being an exact warm-up step"
         )
     timed = min(int(compressed), max(int(repeats), MIN_COMPRESSED_CALLS))
-    return PhasePlan(warmup, int(sampling), timed, int(sampling), int(compressed))
+    refit = getattr(compressor, "refit_steps", None)
+    refit = 0 if refit is None or int(refit) == int(sampling) else int(refit)
+    return PhasePlan(warmup, int(sampling), timed, int(sampling), int(compressed), refit)
 
 
 #: The per-call counters of a row, from ``traffic_stats``.
@@ -340,19 +371,22 @@ _COUNTERS = (
 )
 
 
-def block_average(sampling: dict, compressed: dict, plan: PhasePlan) -> dict:
+def block_average(sampling: dict, compressed: dict, plan: PhasePlan, refit: bool = False) -> dict:
     """A phased row's per-call figures: the phases' weighted by their steps in a block.
 
     Args:
       sampling, compressed: per phase, the mean ``seconds`` of one call, the
         per-call counters and the ``path``.
       plan: the row's plan (the weights ``L_t`` and ``L_c``).
+      refit: weigh the sampling phase by ``L_r`` (``plan.refit_steps``, the
+        blocks after the first) instead of ``L_t``.
 
     Returns:
       ``seconds`` and every counter as ``(L_t * s + L_c * c) / (L_t + L_c)``,
       and ``path``: the phases' paths, ``"sampling / compressed"`` when they differ.
     """
-    lt, lc = plan.sampling_steps, plan.compressed_steps
+    lt = plan.refit_steps if refit else plan.sampling_steps
+    lc = plan.compressed_steps
     row = {
         name: (lt * sampling.get(name, 0) + lc * compressed.get(name, 0)) / (lt + lc)
         for name in ("seconds", *_COUNTERS)
@@ -360,6 +394,17 @@ def block_average(sampling: dict, compressed: dict, plan: PhasePlan) -> dict:
     paths = dict.fromkeys((sampling.get("path", ""), compressed.get("path", "")))
     row["path"] = " / ".join(paths)
     return row
+
+
+def _cosine(got, exact) -> float:
+    """Cosine of two flat arrays (float64 sums; 1.0 when both are zero)."""
+    import numpy as np  # noqa: PLC0415
+
+    got, exact = np.asarray(got, np.float64), np.asarray(exact, np.float64)
+    norms = float(np.linalg.norm(got) * np.linalg.norm(exact))
+    if norms == 0.0:
+        return 1.0 if not got.any() and not exact.any() else 0.0
+    return float(np.dot(got, exact) / norms)
 
 
 def summable_settings(aggregations: list[str]) -> list[str]:
@@ -382,8 +427,11 @@ def worker_main(argv: list[str]) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--variants", nargs="+", required=True)
     parser.add_argument("--aggregations", nargs="+", default=list(DEFAULT_AGGREGATIONS))
+    parser.add_argument("--gradients", default="random", choices=GRADIENTS)
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
+
+    import numpy as np  # noqa: PLC0415
 
     import tensorflow as tf  # noqa: PLC0415
 
@@ -393,17 +441,52 @@ def worker_main(argv: list[str]) -> int:
     from tfcompress.distribute import Aggregation  # noqa: PLC0415
 
     strategy = tfcompress.distribute.MultiWorkerMirroredStrategy(compression=None)
+
+    def barrier() -> None:
+        """Returns once every worker called it: one small all-gather (never compressed)."""
+        ones = strategy.experimental_distribute_values_from_function(
+            lambda context: tf.ones([1], tf.int32)
+        )
+        strategy.gather(ones, axis=0)
     resolver = strategy.cluster_resolver
     # The chief (worker 0 without one) reports; a chief job shifts the workers by one.
     task = task_rank(resolver.task_type, resolver.task_id, "chief" in resolver.cluster_spec().jobs)
     n = strategy.num_replicas_in_sync
     shapes = gradient_shapes(args.model)
 
-    def random_gradients(draw: int) -> list:
+    def random_gradients(draw: int, worker: int = task) -> list:
         return [
-            tf.random.stateless_normal(shape, seed=[task, draw * 100_000 + i]) * 1e-2
+            tf.random.stateless_normal(shape, seed=[worker, draw * 100_000 + i]) * 1e-2
             for i, shape in enumerate(shapes)
         ]
+
+    if args.gradients == "random":
+
+        def draw_gradients(draw: int) -> tuple[list, np.ndarray]:
+            """This worker's gradients and the exact sum of every worker's (flat)."""
+            mine = random_gradients(draw)
+            exact = tf.add_n(
+                [tf.concat([tf.reshape(g, [-1]) for g in random_gradients(draw, w)], 0)
+                 for w in range(n)]
+            )
+            return mine, exact.numpy()
+
+    else:
+        # Every worker makes every worker's gradients of the step (the same
+        # stream on each), keeps its own and sums all for the exact result.
+        from tfcompress.bench.fidelity import synthetic_gradients  # noqa: PLC0415
+
+        stream = iter(synthetic_gradients(args.gradients, shapes, n, 1 << 30, seed=0))
+
+        def draw_gradients(draw: int) -> tuple[list, np.ndarray]:
+            del draw  # the stream's next step
+            per_worker = next(stream)
+            exact = np.sum(
+                [np.concatenate([g.reshape(-1) for g in worker]) for worker in per_worker],
+                axis=0,
+                dtype=np.float32,
+            )
+            return [tf.constant(g) for g in per_worker[task]], exact
 
     grads = random_gradients(0)
 
@@ -415,15 +498,25 @@ def worker_main(argv: list[str]) -> int:
             def replica_fn():
                 # On the replica's device (a function argument has none).
                 local = [tf.identity(g) for g in gradients]
-                reduced = tf.distribute.get_replica_context().all_reduce("sum", local)
-                return tf.add_n([tf.reduce_sum(r) for r in reduced])
+                return tf.distribute.get_replica_context().all_reduce("sum", local)
 
             return strategy.run(replica_fn)
 
-        def timed(gradients) -> float:
+        cosines: list[float] = []
+
+        def timed(draw: int) -> float:
+            """One call's wall time on the gradients of ``draw``; its cosine goes to ``cosines``."""
+            gradients, exact = draw_gradients(draw)  # untimed
+            barrier()  # every worker starts the timed call together
             start = time.perf_counter()
-            float(step(gradients))
-            return time.perf_counter() - start
+            reduced = step(gradients)
+            seconds = time.perf_counter() - start
+            got = np.concatenate([np.reshape(r.numpy(), [-1]) for r in reduced])
+            cosines.append(_cosine(got, exact))
+            return seconds
+
+        def untimed(draw: int) -> None:
+            step(draw_gradients(draw)[0])
 
         def per_call(calls: int) -> dict:
             stats = tfcompress.distribute.traffic_stats(strategy)
@@ -433,32 +526,49 @@ def worker_main(argv: list[str]) -> int:
             }
 
         plan = phase_plan(compressor, args.repeats)
+        # Fresh gradients for every call (drawn untimed): the sampled slices of
+        # one gradient repeated would be degenerate.
+        draws = iter(range(1, 1 << 30))
         if plan is None:
-            float(step(grads))  # trace + warm-up
+            step(grads)  # trace + warm-up
             tfcompress.distribute.reset_traffic_stats(strategy)
-            times = [timed(grads) for _ in range(args.repeats)]
+            times = [timed(next(draws)) for _ in range(args.repeats)]
             row = {"seconds": statistics.median(times), "all_seconds": times}
-            row.update(per_call(args.repeats))
+            row.update(per_call(args.repeats), cosines=list(cosines))
         else:
-            # Fresh gradients for every call (drawn untimed): the sampled
-            # slices of one gradient repeated would be degenerate.
-            draws = iter(range(1, 1 << 30))
             for k in range(plan.untimed):  # the trace and the exact warm-up steps
-                float(step(grads if k == 0 else random_gradients(next(draws))))
+                step(grads) if k == 0 else untimed(next(draws))
             phases = {}
-            for phase, calls in (("sampling", plan.sampling), ("compressed", plan.compressed)):
+            order = [("sampling", plan.sampling), ("compressed", plan.compressed)]
+            if plan.refit_steps:
+                order += [("refit", plan.refit_steps), ("refit compressed", plan.compressed)]
+            for phase, calls in order:
+                if phase == "refit":  # the rest of the first block's compressed phase
+                    for _ in range(plan.compressed_steps - plan.compressed):
+                        untimed(next(draws))
                 tfcompress.distribute.reset_traffic_stats(strategy)
-                times = [timed(random_gradients(next(draws))) for _ in range(calls)]
+                cosines.clear()
+                times = [timed(next(draws)) for _ in range(calls)]
                 phases[phase] = {
                     "calls": calls,
                     "seconds": statistics.fmean(times),
                     "all_seconds": times,
+                    "cosines": list(cosines),
                     **per_call(calls),
                 }
             row = block_average(phases["sampling"], phases["compressed"], plan)
+            row["first_block_seconds"] = row["seconds"]
+            if plan.refit_steps:
+                # What every block after the first costs: the row's time.
+                row.update(
+                    block_average(
+                        phases["refit"], phases["refit compressed"], plan, refit=True
+                    )
+                )
             row.update(
-                all_seconds=phases["sampling"]["all_seconds"] + phases["compressed"]["all_seconds"],
-                block=[plan.sampling_steps, plan.compressed_steps],
+                all_seconds=[t for phase in phases.values() for t in phase["all_seconds"]],
+                cosines=[c for phase in phases.values() for c in phase["cosines"]],
+                block=[plan.sampling_steps, plan.compressed_steps, plan.refit_steps],
                 phases=phases,
             )
         timeline = tfcompress.distribute.aggregation_timeline(strategy)
@@ -481,10 +591,13 @@ def worker_main(argv: list[str]) -> int:
                 block += (
                     f"; d {metrics['gradiveq_components']:.1f}, error "
                     f"{metrics['gradiveq_error']:.3f}, mismatches "
-                    f"{metrics['gradiveq_mismatches']:.2f} (means over tensors)"
+                    f"{metrics['gradiveq_mismatches']:.2f}, fallbacks "
+                    f"{metrics.get('gradiveq_fallbacks', 0.0):.2f} (means over tensors)"
                 )
+            cosine = f", cos {_cosine_cell(row)}" if row.get("cosines") else ""
             print(
-                f"{_PROGRESS}{label} / {setting}{same}: {1000 * row['seconds']:.0f} ms{block}",
+                f"{_PROGRESS}{label} / {setting}{same}: {1000 * row['seconds']:.0f} ms{block}"
+                f"{cosine}",
                 file=sys.stderr,
                 flush=True,
             )
@@ -670,6 +783,8 @@ def main(args: argparse.Namespace) -> int:
             *variants,
             "--aggregations",
             *aggregations,
+            "--gradients",
+            getattr(args, "gradients", "random"),
         ]
         env = {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": os.pathsep.join(sys.path)}
         if me is None:
@@ -714,22 +829,39 @@ def main(args: argparse.Namespace) -> int:
 _HEADER = (
     "| model | workers | link | variant | aggregation | path | packs | time (ms) "
     "| vs uncompressed | block (ms) | compress (ms) | collectives (ms) | decode (ms) | sent MB "
-    "| limit (ms) | time / limit |"
+    "| limit (ms) | time / limit | cos: median [min] |"
 )
 
 _FOOTNOTE = (
     "Rows with a block cell (phased compressors, GradiVeQ): block = `L_t x s + L_c x c`, the "
     "steps of a sampling and a compressed phase and the mean time of one call in each; their "
     "time is the block average (L_t s + L_c c) / (L_t + L_c), and so are vs uncompressed, "
-    "compress, collectives, decode, sent MB and limit; packs are the last compressed call's."
+    "compress, collectives, decode, sent MB and limit; packs are the last compressed call's. "
+    "With refit blocks (`then L_r x s' + L_c x c'`: the blocks after the first sample L_r "
+    "times) the time and its columns are those of a refit block, what every block after the "
+    "first costs. cos: of each timed call's aggregated sum with the exact sum of the "
+    "workers' tensors, median and least over the row's timed calls."
 )
 
 
 def _block_cell(row: dict) -> str:
-    """``L_t x s + L_c x c`` (ms) of a phased row."""
-    lt, lc = row["block"]
-    s, c = (1000 * row["phases"][phase]["seconds"] for phase in ("sampling", "compressed"))
-    return f"{lt} x {s:.1f} + {lc} x {c:.1f}"
+    """``L_t x s + L_c x c`` (ms) of a phased row, then ``L_r x s' + L_c x c'`` with refits."""
+    lt, lc, *refit = row["block"]
+    phases = row["phases"]
+    s, c = (1000 * phases[phase]["seconds"] for phase in ("sampling", "compressed"))
+    cell = f"{lt} x {s:.1f} + {lc} x {c:.1f}"
+    if refit and refit[0]:
+        s, c = (1000 * phases[phase]["seconds"] for phase in ("refit", "refit compressed"))
+        cell += f"; then {refit[0]} x {s:.1f} + {lc} x {c:.1f}"
+    return cell
+
+
+def _cosine_cell(row: dict) -> str:
+    """``median [min]`` of the row's per-call cosines (empty when it has none)."""
+    cosines = row.get("cosines")
+    if not cosines:
+        return ""
+    return f"{statistics.median(cosines):.3f} [{min(cosines):.3f}]"
 
 
 def _breakdown(row: dict) -> tuple[float, float, float]:
@@ -746,7 +878,7 @@ def format_table(results: list[dict]) -> str:
     """
     lines = [
         _HEADER,
-        "|---|---:|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---:|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     base: dict[tuple, dict] = {}
     for r in results:  # the cell's first uncompressed row
@@ -756,7 +888,7 @@ def format_table(results: list[dict]) -> str:
     for r in results:
         cell = f"| {r['model']} | {r['workers']} | {r['bandwidth']} | {r['variant']} |"
         if not r.get("available"):
-            lines.append(f"{cell} | | | not available |" + " |" * 8)
+            lines.append(f"{cell} | | | not available |" + " |" * 9)
             continue
         aggregation = r.get("aggregation", "")
         if r.get("same_as"):
@@ -776,7 +908,7 @@ def format_table(results: list[dict]) -> str:
             f"{cell} {aggregation} | {r.get('path', '')} | {r.get('packs', '')} | "
             f"{1000 * r['seconds']:.1f} | {speedup} | {block} | {1000 * compress:.1f} | "
             f"{1000 * collectives:.1f} | {1000 * decode:.1f} | {r['bytes_sent'] / 1e6:.2f} | "
-            f"{limit_cell} | {ratio_cell} |"
+            f"{limit_cell} | {ratio_cell} | {_cosine_cell(r)} |"
         )
     if phased:
         lines += ["", _FOOTNOTE]

@@ -67,6 +67,7 @@ def _configure_aggregate(benchmarks) -> None:
         AGGREGATIONS,
         DEFAULT_AGGREGATIONS,
         DEFAULT_VARIANTS,
+        GRADIENTS,
         VARIANTS,
     )
     from tfcompress.bench.models import MODELS  # noqa: PLC0415
@@ -123,6 +124,16 @@ def _configure_aggregate(benchmarks) -> None:
         + ", ".join(map(repr, AGGREGATIONS))
         + "; summable compressors (uncompressed, fp16, gradiveq) run only 'auto' and "
         "'one pack' of them ('auto' when neither is given)",
+    )
+    agg.add_argument(
+        "--gradients",
+        choices=GRADIENTS,
+        default="random",
+        help="what each call aggregates: fresh random tensors (default), or tensors of a "
+        "known low-dimensional structure (kernel_subspace: each tensor a fresh mix of 4 fixed "
+        "patterns plus 5%% noise, the structure GradiVeQ's bases capture; drifting: patterns "
+        "that move 5%% per call); every row reports the cosine of the aggregated sum with "
+        "the exact one",
     )
     agg.add_argument(
         "--repeats",

@@ -156,12 +156,18 @@ def _powersgd(rank: int, start_step: int) -> list[str]:
     return ["--compression", "powersgd", *_options(rank=rank, start_step=start_step, seed=1)]
 
 
-def _gradiveq(warmup: int, sampling: int, compressed: int) -> list[str]:
+def _gradiveq(warmup: int, sampling: int, compressed: int, paper: bool = False) -> list[str]:
+    """GradiVeQ's arguments; ``paper``: the paper's fixed blocks (no refits, no early refresh)."""
+    fixed = {"refit_steps": None, "refresh_threshold": None} if paper else {}
     return [
         "--compression",
         "gradiveq",
         *_options(
-            warmup_steps=warmup, sampling_steps=sampling, compressed_steps=compressed, seed=0
+            warmup_steps=warmup,
+            sampling_steps=sampling,
+            compressed_steps=compressed,
+            seed=0,
+            **fixed,
         ),
     ]
 
@@ -218,7 +224,7 @@ VARIANTS: dict[str, list[str]] = {
     # L_c = 400. The default run (624 steps) never leaves the warm-up; the
     # first block ends after 3000 steps, e.g. 7 epochs of all 60,000 examples
     # (--train-size 0 --epochs 7: 3276 steps).
-    "gradiveq paper": _gradiveq(2500, 100, 400),
+    "gradiveq paper": _gradiveq(2500, 100, 400, paper=True),
     # PowerSGD (opt-in here): exact for the library's default 100 steps, like GradiVeQ.
     "powersgd rank 2": _powersgd(2, 100),
     "powersgd rank 4": _powersgd(4, 100),
@@ -262,9 +268,9 @@ _MLP_VARIANTS: dict[str, list[str]] = {
     # (L_t = L_c / 4) after a warm-up short enough for 100 steps: compressed
     # from step 50 and from step 30.
     "gradiveq": _gradiveq(MLP_WARMUP_STEPS, 40, 60),
-    "gradiveq paper": _gradiveq(MLP_WARMUP_STEPS, 20, 80),
+    "gradiveq paper": _gradiveq(MLP_WARMUP_STEPS, 20, 80, paper=True),
     "gradiveq paper wide": [
-        *_gradiveq(MLP_WARMUP_STEPS, 20, 80),
+        *_gradiveq(MLP_WARMUP_STEPS, 20, 80, paper=True),
         *_options(**MLP_WIDE_SKETCH),
     ],
     "powersgd rank 2": _powersgd(2, MLP_WARMUP_STEPS),

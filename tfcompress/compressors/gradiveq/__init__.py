@@ -26,6 +26,12 @@ Schedule (one counter per replica, identical on every worker)::
       L_t sampling steps              branch 0
       L_c compressed steps            branch 1: coefficients
 
+``L_t`` is ``sampling_steps`` in the first block and ``refit_steps`` in every
+later one (a warm refit: a few new steps folded into the last block's
+sketch, checked and handshaken like the first fit; ``sampling_steps`` again
+when ``refit_steps`` is ``None``). An early refresh (``refresh_threshold``)
+ends a compressed phase at once and starts such a block.
+
 Branch 0 aggregates through the sampling compressor: 4-bit QSGD by default
 (buckets of 512, ``seed``; the paper's hybrid, so that sampling steps are
 compressed too and the block ratio is not capped at ``(L_t + L_c) / L_t``),
@@ -70,10 +76,13 @@ gradient was). With ``F = L_t - 1`` fit steps:
   a warning is printed once per tensor and ``gradiveq_mismatches`` counts it;
   the next block refits from nothing. Sums are never wrong.
 
-Hence ``sampling_steps >= 3``. Each block starts from the last one's sketch
-with its squared singular values halved (a warm start, as PowerSGD reuses its
-``Q``): a short block refines the basis instead of fitting one from nothing,
-and old directions fade as the gradients drift.
+Hence ``sampling_steps >= 3`` (and ``refit_steps >= 3``). Each block
+starts from the last one's sketch with its squared singular values halved
+(a warm start, as PowerSGD reuses its ``Q``): a refit of a few steps refines
+the basis instead of fitting one from nothing, and old directions fade as
+the gradients drift. After a handshake mismatch the sketch is dropped, and
+a short refit may then fail the self-check (exact for the block) until the
+sketch holds enough steps again.
 
 Where this departs from the paper, and why (measured 2026-12-04 with 2-4
 workers simulated in one process, as ``tfcompress bench gradiveq --fidelity``

@@ -260,8 +260,8 @@ class GradiVeQLayer(Compressor):
     def record(self, total: tf.Tensor, agreed: tf.Tensor) -> tf.Tensor:
         """Sampling bookkeeping after an aggregation of branch 0; returns ``total``.
 
-        Within a block of ``L_t`` sampling steps, at position ``p``: ``p <
-        L_t - 1`` adds the aggregate's first ``m`` slices to the sketch; the
+        Within a block of ``L_t`` sampling steps (``refit_steps`` after the
+        first block), at position ``p``: ``p < L_t - 1`` adds the aggregate's first ``m`` slices to the sketch; the
         last few of them first check the basis on it (steps the basis has
         not seen), and ``p = L_t - 2`` then finishes the fit;
         ``p = L_t - 1`` is the handshake: ``agreed`` tells whether every
@@ -273,7 +273,7 @@ class GradiVeQLayer(Compressor):
         index = tf.where(
             tf.logical_not(schedule.is_sampling()),
             0,
-            tf.where(position < self.config.fit_steps, 1, 2),
+            tf.where(position < schedule.fit_steps(), 1, 2),
         )
         done = tf.switch_case(
             tf.cast(index, tf.int32),
@@ -299,8 +299,8 @@ class GradiVeQLayer(Compressor):
         made orthonormal at every step; the last one finishes the fit.
         """
         m = self.rows_per_sample
-        fit_steps = self.config.fit_steps
-        first_check = fit_steps - min(_CHECK_STEPS, fit_steps - 1)
+        fit_steps = self.schedule_.fit_steps()  # fewer in the warm refits after the first block
+        first_check = fit_steps - tf.minimum(tf.constant(_CHECK_STEPS, tf.int64), fit_steps - 1)
         first = tf.equal(position, 0)
         checking = position >= first_check
         measured = tf.cond(
