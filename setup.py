@@ -43,5 +43,6 @@ def _package_data() -> list[str]:
 setup(
     packages=[*find_packages(include=["tfcompress", "tfcompress.*"]), SOURCES_PACKAGE],
     package_dir={SOURCES_PACKAGE: "custom_ops"},
-    package_data={SOURCES_PACKAGE: _package_data()},
+    # py.typed: the annotations are part of the API (PEP 561).
+    package_data={"tfcompress": ["py.typed"], SOURCES_PACKAGE: _package_data()},
 )

@@ -215,6 +215,7 @@ def test_equal_bytes_rank_and_table():
     assert lines[0] == "title" and lines[2].startswith("| compressor | workers |")
     assert all(line.count("|") == lines[2].count("|") for line in lines[2:])
     assert lines[4].startswith("| id | 2 | 2/2 | 1.0000 | 1.0000 | 0.0000 |")
+    assert "| 1.0000 [1.0000] |" in lines[4]  # every step's cosines
 
 
 def test_doctests():

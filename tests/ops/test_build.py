@@ -758,6 +758,7 @@ def test_an_installed_wheel_runs_kernels_from_its_package_data(kernel_library, t
     report = json.loads(lines[-1][len("REPORT ") :])
     installed = pathlib.Path(report["package"]).parent
     assert installed.is_relative_to(tmp_path) and installed.name == "tfcompress"
+    assert (installed / "py.typed").is_file()  # type checkers read the annotations (PEP 561)
     assert not any(p and pathlib.Path(p).resolve() == REPO_ROOT for p in report["sys_path"])
     assert pathlib.Path(report["sources"]) == installed / "_custom_ops"
     # The installed sources hash to the session's key: its library, no recompilation.

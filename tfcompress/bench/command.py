@@ -331,7 +331,7 @@ def _configure_fidelity(gradiveq) -> None:
         "--equal-bytes",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="also PowerSGD at the rank closest to GradiVeQ's compressed-step bytes",
+        help="also PowerSGD at the rank closest to GradiVeQ's bytes per step over the run",
     )
     fidelity.add_argument(
         "--structure-rank", type=positive_int, default=4, help="r of the synthetic kinds"

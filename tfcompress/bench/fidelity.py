@@ -11,8 +11,10 @@ gradients ``g = sum_w g_w`` (all tensors concatenated)::
 
 GradiVeQ (the options given, by default ``GradiVeQ(warmup_steps=0)``) is
 compared with PowerSGD of rank 4 and, with ``--equal-bytes``, with PowerSGD
-at the rank whose payload is closest to GradiVeQ's mean compressed-step
-payload. PowerSGD runs with ``start_step=0`` (its default of 100 exact steps
+at the rank whose payload is closest to GradiVeQ's mean payload per step
+over the whole run (sampling steps included: the same bytes in all). The
+table gives the cosines of the compressing steps, and of every step (what
+the optimizer is given, sampling steps' sums included). PowerSGD runs with ``start_step=0`` (its default of 100 exact steps
 would measure the exact sum) and its error feedback: the error of a step then
 includes what earlier steps left in the memory, as the optimizer sees it.
 
@@ -454,6 +456,8 @@ class FidelitySummary:
       steps: aggregations run.
       compressed_steps: of them, compressing.
       median_cosine, min_cosine: of the compressing steps.
+      median_cosine_all, min_cosine_all: of every step (what training is
+        given: the sampling steps' sums too).
       median_relative_error, max_relative_error: of the compressing steps.
       compressed_bytes: mean bytes per worker of a compressing step.
       mean_bytes: mean bytes per worker of any step (sampling included).
@@ -470,6 +474,8 @@ class FidelitySummary:
     compressed_steps: int
     median_cosine: float
     min_cosine: float
+    median_cosine_all: float
+    min_cosine_all: float
     median_relative_error: float
     max_relative_error: float
     compressed_bytes: float
@@ -520,6 +526,8 @@ class FidelityRun:
             compressed_steps=len(kept),
             median_cosine=over(cosines, statistics.median),
             min_cosine=over(cosines, min),
+            median_cosine_all=over([s.cosine for s in self.steps], statistics.median),
+            min_cosine_all=over([s.cosine for s in self.steps], min),
             median_relative_error=over(errors, statistics.median),
             max_relative_error=over(errors, max),
             compressed_bytes=compressed_bytes,
@@ -802,8 +810,9 @@ def compare(
       gradiveq_options: ``GradiVeQ(**options)``; default ``{"warmup_steps": 0}``.
       powersgd_rank: the fixed PowerSGD rank.
       equal_bytes: also run PowerSGD at :func:`equal_bytes_rank` of
-        GradiVeQ's mean compressed-step bytes (skipped when that is
-        ``powersgd_rank`` or GradiVeQ had no compressed step).
+        GradiVeQ's mean bytes per step over the whole run (sampling steps
+        included: the same total bytes; skipped when that is
+        ``powersgd_rank``).
       generator_options: ``rank``, ``noise``, ``drift``, ``seed`` of
         :func:`make_gradients`.
       use_function: see :func:`run_fidelity`.
@@ -837,7 +846,7 @@ def compare(
         gradiveq = run(GradiVeQ(**options), "gradiveq")
         runs.append(gradiveq)
         runs.append(run(PowerSGD(rank=powersgd_rank, start_step=0), f"powersgd r={powersgd_rank}"))
-        target = gradiveq.summary().compressed_bytes
+        target = gradiveq.summary().mean_bytes
         if equal_bytes and not math.isnan(target) and target > 0:
             rank = equal_bytes_rank(stream.shapes, target)
             if rank != powersgd_rank:
@@ -846,12 +855,17 @@ def compare(
 
 
 def format_table(runs: Sequence[FidelityRun], title: str = "") -> str:
-    """A markdown table of the runs' summaries (compressing steps), one row per run."""
+    """A markdown table of the runs' summaries, one row per run.
+
+    Cosines, errors and ``bytes/step`` of the compressing steps; ``cos
+    (all)`` and ``bytes/step (all)`` of every step.
+    """
     lines = [title, ""] if title else []
     lines += [
         "| compressor | workers | compressed steps | median cos | min cos | median rel. err "
-        "| max rel. err | bytes/step | ratio | bytes/step (all) | ratio (all) |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| max rel. err | bytes/step | ratio | cos (all): median [min] | bytes/step (all) "
+        "| ratio (all) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for run in runs:
         s = run.summary()
@@ -859,7 +873,8 @@ def format_table(runs: Sequence[FidelityRun], title: str = "") -> str:
             f"| {s.label} | {s.workers} | {s.compressed_steps}/{s.steps} | "
             f"{s.median_cosine:.4f} | {s.min_cosine:.4f} | {s.median_relative_error:.4f} | "
             f"{s.max_relative_error:.4f} | {_bytes(s.compressed_bytes)} | "
-            f"{s.compressed_ratio:.1f}x | {_bytes(s.mean_bytes)} | {s.overall_ratio:.1f}x |"
+            f"{s.compressed_ratio:.1f}x | {s.median_cosine_all:.4f} [{s.min_cosine_all:.4f}] | "
+            f"{_bytes(s.mean_bytes)} | {s.overall_ratio:.1f}x |"
         )
     spread = max((r.summary().max_worker_spread for r in runs), default=0.0)
     if spread > 1e-4:

@@ -55,6 +55,7 @@ from tfcompress.compressors.base import Payload, num_elements, static_num_elemen
 from tfcompress.compressors.registry import register
 from tfcompress.compressors.sparsifier import Selection, Sparsifier, check_ratio, selected_count
 from tfcompress.compressors.state import PerStepRandomness, SeededNoise, TensorContext
+from tfcompress.compressors.topk import DEFAULT_RATIO
 from tfcompress.ops.checks import check_finite
 from tfcompress.ops.sparsify import (
     check_static_size,
@@ -115,7 +116,10 @@ class RandomK(PerStepRandomness, Sparsifier):
     (:meth:`value_scale`).
 
     Args:
-      ratio: fraction of the entries sent, in ``(0, 1]``.
+      ratio: fraction of the entries sent, in ``(0, 1]``. Default 0.01, as
+        :class:`~tfcompress.compressors.topk.TopK`'s (without DIANA or error
+        feedback that is a variance of ``omega = 99`` times the gradient's:
+        see Tuning).
       seed: integer mixed into the shared seed; must be equal on all workers
         (it is part of :meth:`get_config`). Default 0.
 
@@ -144,7 +148,7 @@ class RandomK(PerStepRandomness, Sparsifier):
     stateful = True
     shared_indices = True
 
-    def __init__(self, ratio: float, seed: int = 0):
+    def __init__(self, ratio: float = DEFAULT_RATIO, seed: int = 0):
         self.ratio = check_ratio("RandomK", ratio)
         if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
             raise ValueError(f"RandomK(seed={seed!r}): `seed` must be an integer")
