@@ -113,9 +113,7 @@ def test_aggregate_wire_limit_per_path():
 
 def test_aggregate_table():
     rows = [
-        _row(
-            "uncompressed", "auto", 0.240, 1_000_000, path="all-reduce", packs=0, cosines=[1.0]
-        ),
+        _row("uncompressed", "auto", 0.240, 1_000_000, path="all-reduce", packs=0, cosines=[1.0]),
         _row(
             "qsgd 4-bit",
             "buckets allgather",

@@ -249,9 +249,7 @@ def test_real_workers_sums_point_where_the_exact_sums_point(tmp_path, num_worker
     run_workers(
         "fidelity_worker.py", ["--out", str(tmp_path)], num_workers=num_workers, timeout=400
     )
-    outputs = [
-        json.loads((tmp_path / f"worker{w}.json").read_text()) for w in range(num_workers)
-    ]
+    outputs = [json.loads((tmp_path / f"worker{w}.json").read_text()) for w in range(num_workers)]
     for kind, result in outputs[0].items():
         steps = result["steps"]
         for other in outputs[1:]:  # every worker decoded the same sum, bit for bit

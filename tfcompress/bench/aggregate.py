@@ -432,7 +432,6 @@ def worker_main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
 
     import numpy as np  # noqa: PLC0415
-
     import tensorflow as tf  # noqa: PLC0415
 
     import tfcompress  # noqa: PLC0415
@@ -448,6 +447,7 @@ def worker_main(argv: list[str]) -> int:
             lambda context: tf.ones([1], tf.int32)
         )
         strategy.gather(ones, axis=0)
+
     resolver = strategy.cluster_resolver
     # The chief (worker 0 without one) reports; a chief job shifts the workers by one.
     task = task_rank(resolver.task_type, resolver.task_id, "chief" in resolver.cluster_spec().jobs)
@@ -466,8 +466,10 @@ def worker_main(argv: list[str]) -> int:
             """This worker's gradients and the exact sum of every worker's (flat)."""
             mine = random_gradients(draw)
             exact = tf.add_n(
-                [tf.concat([tf.reshape(g, [-1]) for g in random_gradients(draw, w)], 0)
-                 for w in range(n)]
+                [
+                    tf.concat([tf.reshape(g, [-1]) for g in random_gradients(draw, w)], 0)
+                    for w in range(n)
+                ]
             )
             return mine, exact.numpy()
 
@@ -561,9 +563,7 @@ def worker_main(argv: list[str]) -> int:
             if plan.refit_steps:
                 # What every block after the first costs: the row's time.
                 row.update(
-                    block_average(
-                        phases["refit"], phases["refit compressed"], plan, refit=True
-                    )
+                    block_average(phases["refit"], phases["refit compressed"], plan, refit=True)
                 )
             row.update(
                 all_seconds=[t for phase in phases.values() for t in phase["all_seconds"]],
