@@ -369,7 +369,15 @@ def test_bench_aggregate_loopback(tmp_path):
     plain, gathered, two_stage, one_pack = rows
     # each timed call's sum against the exact sum of the workers' tensors
     assert len(plain["cosines"]) == 1 and plain["cosines"][0] > 0.99999
-    assert all(0.9 < c < 0.99999 for row in rows[1:] for c in row["cosines"])  # 4-bit noise
+    # 4-bit QSGD noise on N(0, 1e-4) tensors: with 15 levels per bucket of 512 a
+    # value's variance is about ||bucket||^2 p(1 - p) / 225, so the sum of two
+    # workers keeps a cosine near 0.85 with the exact one (0.853 measured, and the
+    # same tensors compressed in one process: 0.852). Two stages quantize the
+    # shards' partial sums a second time: 0.742 measured.
+    cosines = {row["aggregation"]: row["cosines"] for row in rows[1:]}
+    for aggregation in ("per-tensor allgather", "one pack"):
+        assert all(0.8 < c < 0.9 for c in cosines[aggregation]), cosines
+    assert all(0.65 < c < 0.8 for c in cosines["buckets two_stage"]), cosines
     assert one_pack["path"] == "allgather" and one_pack["packs"] == 1  # auto at N = 2
     assert plain["bytes_sent"] == plain["bytes_uncompressed"] and plain["path"] == "all-reduce"
     assert gathered["bytes_sent"] < 0.25 * plain["bytes_sent"]  # 4-bit payloads

@@ -243,9 +243,11 @@ def test_real_workers_sums_point_where_the_exact_sums_point(tmp_path, num_worker
     """The fidelity harness's synthetic kinds through MultiWorkerMirroredStrategy, the
     library's defaults with a short schedule (8 + 8, then refits of 4): on patterns that
     recur (kernel_subspace) or drift 5% per step, every compressed sum within cosine 0.95
-    of the exact one; a structure the bases cannot hold (matrix_rank) fails the
+    of the exact one; a structure the first bases cannot hold (matrix_rank) fails the
     self-check and travels exactly. (On main c5ccd13 the same kind of data gave cosines
-    of -0.2..0.46.)"""
+    of -0.2..0.46.) A refit sketch holds more steps: there a matrix_rank tensor whose
+    basis explains at least ``min_explained`` of the held-out step may compress (measured:
+    one of the four, the sums at cosine 0.973-0.980)."""
     run_workers(
         "fidelity_worker.py", ["--out", str(tmp_path)], num_workers=num_workers, timeout=400
     )
@@ -258,8 +260,9 @@ def test_real_workers_sums_point_where_the_exact_sums_point(tmp_path, num_worker
         assert len(compressing) == 16, kind  # 28 steps: 8 + 8, then 4 + 8
         # every step after the first fit (sampling steps: 4-bit QSGD sums) at >= 0.8
         assert min(s["cosine"] for s in steps[8:]) >= 0.8, (kind, steps)
+        assert min(compressing) >= 0.95, (kind, compressing)
         if kind == "matrix_rank":
-            assert min(compressing) > 0.9999, (kind, compressing)  # exact fallback
+            # The first block's bases explain too little: every tensor exact.
+            first_block = [s["cosine"] for s in steps[8:16]]
+            assert min(first_block) > 0.9999, (kind, first_block)
             assert result["metrics"]["gradiveq_fallbacks"] > 0, result["metrics"]
-        else:
-            assert min(compressing) >= 0.95, (kind, compressing)

@@ -70,6 +70,7 @@ CHANGES = [
     ("gradiveq", {}, "sampling_steps", 10, "compressor.sampling_steps"),
     ("gradiveq", {}, "sample_steps", 10, "compressor.sampling_steps"),
     ("gradiveq", {}, "compressed_steps", 10, "compressor.compressed_steps"),
+    ("gradiveq", {}, "refit_steps", 8, "compressor.refit_steps"),
     ("gradiveq", {}, "sampling", "exact", "compressor.sampling"),
     ("gradiveq", {}, "sample_compressor", QSGD(bits=2), "compressor.sampling"),
     ("gradiveq", {}, "refresh_threshold", 0.5, "compressor.refresh_threshold"),
