@@ -627,37 +627,13 @@ def test_early_refresh_restarts_sampling():
     shape = (3, 3, 8, 8)
     workers, _ = fitted_workers(shape, num_workers=2, refresh_threshold=0.5)
     schedule = workers.schedules[0]
-    # The first compressed step fits (the same 3 directions): its error is the reference.
-    fresh = low_rank_gradients(np.random.default_rng(2), 1, 2, shape)[0]
-    j, _, payloads = workers.step(fresh)
-    assert j == 1 and float(workers.layers[0].reference_error) < 0.1
-    assert int(schedule.early_refreshes) == 0
     rng = np.random.default_rng(3)
-    # Dense noise is far from the rank-3 basis: relative error ~1, grown by > 0.5.
+    # Dense noise is far from the rank-3 basis: relative error ~1 > 0.5.
     j, _, payloads = workers.step([rng.normal(size=shape).astype(np.float32) for _ in range(2)])
     assert j == 1 and float(payloads[0].tensors["check"][2]) > 0.5
     assert float(workers.layers[0].error) > 0.5
     assert int(schedule.early_refreshes) == 1
     assert int(schedule.branch_index()) == 0 and int(schedule.position()) == 0
-
-
-def test_a_steady_error_floor_does_not_refresh():
-    """Minibatch noise outside the basis: the error is high on every step but does not grow.
-
-    The absolute rule (``e > refresh_threshold``) ended the block after its
-    first compressed step; the refresh measures the growth over that step.
-    """
-    shape = (3, 3, 8, 8)
-    workers, _ = fitted_workers(shape, num_workers=2, refresh_threshold=0.3)
-    schedule = workers.schedules[0]
-    # The fitted directions plus noise of the signal's size per row: e about 0.5.
-    noisy = low_rank_gradients(np.random.default_rng(2), 4, 2, shape, noise=1.0)
-    for xs in noisy:
-        j, _, _ = workers.step(xs)
-        assert j == 1
-        assert 0.35 < float(workers.layers[0].error) < 0.65
-    assert int(schedule.early_refreshes) == 0
-    assert abs(float(workers.layers[0].reference_error) - 0.5) < 0.15
 
 
 def test_qsgd_sampling_aggregates_and_fits_identically_on_every_worker():

@@ -247,7 +247,8 @@ def test_real_workers_sums_point_where_the_exact_sums_point(tmp_path, num_worker
     self-check and travels exactly. (On main c5ccd13 the same kind of data gave cosines
     of -0.2..0.46.) A refit sketch holds more steps: there a matrix_rank tensor whose
     basis explains at least ``min_explained`` of the held-out step may compress (measured:
-    one of the four, the sums at cosine 0.973-0.980)."""
+    one of the four, the sums at cosine 0.976-0.980), and the refresh ends that phase
+    after its first step."""
     run_workers(
         "fidelity_worker.py", ["--out", str(tmp_path)], num_workers=num_workers, timeout=400
     )
@@ -257,7 +258,12 @@ def test_real_workers_sums_point_where_the_exact_sums_point(tmp_path, num_worker
         for other in outputs[1:]:  # every worker decoded the same sum, bit for bit
             assert [s["digest"] for s in other[kind]["steps"]] == [s["digest"] for s in steps]
         compressing = [s["cosine"] for s in steps if s["compressing"]]
-        assert len(compressing) == 16, kind  # 28 steps: 8 + 8, then 4 + 8
+        # 28 steps: 8 + 8, then 4 + 8. The early refresh (a tensor's local error
+        # above refresh_threshold) may end a compressed phase sooner: measured, the
+        # first fit of the 3x3x16x16 kernel from 7 QSGD-sampled steps left errors of
+        # 0.25-0.33 with 2 workers (a refresh after 3 steps), and the drifting
+        # patterns passed 0.3 after 4 steps with 3 workers.
+        assert len(compressing) >= (8 if kind == "matrix_rank" else 12), (kind, steps)
         # every step after the first fit (sampling steps: 4-bit QSGD sums) at >= 0.8
         assert min(s["cosine"] for s in steps[8:]) >= 0.8, (kind, steps)
         assert min(compressing) >= 0.95, (kind, compressing)

@@ -119,9 +119,8 @@ float32 ``[3]``: the fingerprint pair (the sum must equal ``N`` times the
 local pair, else ``InvalidArgumentError`` naming the tensor) and the local
 relative error ``||g_n - U_d g'_n|| / ||g_n||`` (from ``||g_n||^2 -
 ||g'_n||^2``, U being orthonormal), whose mean over the workers is
-the fresh-gradient error ``gradiveq_error``; an early refresh (paper eq. 7)
-starts when it has grown by more than ``refresh_threshold`` over its value
-on the block's first compressed step (``sqrt(e^2 - e_0^2)``). So ``payload_nbytes = c (d * S) +
+the fresh-gradient error ``gradiveq_error`` and triggers an early refresh
+(paper eq. 7) above ``refresh_threshold``. So ``payload_nbytes = c (d * S) +
 12`` with ``c`` the compute dtype size. An exact layer (degenerate samples:
 all zero, not finite, or a single slice; or workers that did not agree) has
 ``d = 0`` and its packs carry the raw slices ``[K, S_p]``. Branch 0's

@@ -85,22 +85,14 @@ class GradiVeQ(Compressor):
         paper's hybrid, with the norm that keeps the aggregate closer to the
         exact sum),
         ``"exact"``, or a non-phased compressor instance.
-      refresh_threshold: early refresh (paper eq. 7): the mean over the
-        workers of the relative local reconstruction error ``e = ||g_n -
-        U_d g'_n|| / ||g_n||`` on the block's first compressed step is its
-        reference ``e_0``; when a later step's error has grown past it by
-        more than the threshold, ``sqrt(e^2 - e_0^2) > refresh_threshold``,
-        the next aggregation starts a new block (a refit). ``None``: off.
-        0.3 by default: with gradients whose structure drifts 5% per step
-        (``e_0`` about 0.05, so a refresh near ``e = 0.3``: a cosine of
-        0.95 between a worker's gradient and its projection) it kept the
-        aggregated sums at cosine >= 0.957 where the fixed schedule fell to
-        0.91 (docs/BENCHMARKS.md, section 5). Measured against ``e_0``
-        rather than as ``e > threshold`` because a minibatch gradient's
-        noise lies outside any basis: on real MLP gradients (4 workers,
-        batch 32) ``e`` sits at 0.35-0.6 on every step while the aggregate
-        keeps cosine 0.9 with the exact sum, and the absolute rule ended
-        every block after one compressed step (12 of 60 steps compressed).
+      refresh_threshold: early refresh (paper eq. 7): when the mean over the
+        workers of the relative local reconstruction error
+        ``||g_n - U_d g'_n|| / ||g_n||`` exceeds it, the next
+        aggregation starts a new block (a refit). ``None``: off. 0.3 (a
+        cosine of 0.95 between a worker's gradient and its projection) by
+        default: with gradients whose structure drifts 5% per step it kept
+        the aggregated sums at cosine >= 0.957 where the fixed schedule fell
+        to 0.91 (docs/BENCHMARKS.md, section 5).
       max_components: the sketch width ``l`` (cap on ``d`` and on the basis,
         ``l * K`` values per tensor); ``None``: ``min(64, 8 S)``, so the basis
         is at most 8 times the gradient. Always capped by ``K`` and the ``F m``
@@ -125,7 +117,7 @@ class GradiVeQ(Compressor):
         or an option given together with its alias.
 
     Defaults: 100 warm-up, 40 sampling and 60 compressed steps, then refits
-    of 4 sampling steps, and an early refresh when the local error grows by 0.3,
+    of 4 sampling steps, and an early refresh when the local error passes 0.3,
     for runs of a few hundred steps (the paper's fixed 2500/100/400 is
     ``GradiVeQ.paper()``),
     4-bit QSGD sampling, a sketch of at most ``min(64, 8 S)`` directions. With warm-up 50 and

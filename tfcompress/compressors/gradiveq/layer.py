@@ -51,8 +51,7 @@ class GradiVeQLayer(Compressor):
     after the fit), ``singular`` ``[l]``, ``count`` (rows in the sketch),
     ``buffer`` ``[B, K]`` and ``filled``, ``components`` (``d``), ``valid``,
     ``degenerate``, ``kept_energy``, ``heldout_error``, ``explained``,
-    ``fallbacks``, ``error``, ``reference_error`` (the block's first compressed
-    step's ``error``), ``refreshes``, ``mismatches``, ``warned``, ``fingerprint``
+    ``fallbacks``, ``error``, ``refreshes``, ``mismatches``, ``warned``, ``fingerprint``
     ``[2]``, ``residual`` (with ``error_feedback``), plus the sampling
     compressor's state.
 
@@ -131,7 +130,6 @@ class GradiVeQLayer(Compressor):
         self.explained = scalar("explained", 0.0, tf.float32)
         self.fallbacks = counter("fallbacks")
         self.error = scalar("error", 0.0, tf.float32)
-        self.reference_error = scalar("reference_error", 0.0, tf.float32)
         self.refreshes = counter("refreshes")
         self.mismatches = counter("mismatches")
         self.warned = scalar("warned", 0, tf.int32)
@@ -150,7 +148,6 @@ class GradiVeQLayer(Compressor):
             self.explained,
             self.fallbacks,
             self.error,
-            self.reference_error,
             self.refreshes,
             self.mismatches,
             self.warned,
@@ -247,20 +244,12 @@ class GradiVeQLayer(Compressor):
     def record_error(self, mean_error: tf.Tensor) -> list:
         """Stores a compressed step's mean relative error; control inputs.
 
-        The first compressed step of a block stores its error ``e_0`` as the
-        block's reference; a later step whose error ``e`` has grown by more
-        than ``refresh_threshold`` over it, ``sqrt(e^2 - e_0^2) >
-        refresh_threshold``, asks the schedule for a new block (paper eq. 7,
-        measured against what the basis achieved on its first fresh
-        gradients; see ``GradiVeQ``'s ``refresh_threshold``).
+        Above ``refresh_threshold`` it also asks the schedule for a new block
+        (paper eq. 7).
         """
-        schedule = self.schedule_
-        first = tf.equal(schedule.position(), schedule.sampling_length())
-        reference = tf.where(first, mean_error, self.reference_error.read_value())
-        dependencies = _ops(self.error.assign(mean_error), self.reference_error.assign(reference))
+        dependencies = _ops(self.error.assign(mean_error))
         if self.config.refresh_threshold is not None:
-            growth = tf.sqrt(tf.maximum(tf.square(mean_error) - tf.square(reference), 0.0))
-            refresh = schedule.request_refresh(growth > self.config.refresh_threshold)
+            refresh = self.schedule_.request_refresh(mean_error > self.config.refresh_threshold)
             dependencies += _ops(refresh)
         return dependencies
 
