@@ -262,8 +262,8 @@ def test_real_workers_sums_point_where_the_exact_sums_point(tmp_path, num_worker
         # above refresh_threshold) may end a compressed phase sooner: measured, the
         # first fit of the 3x3x16x16 kernel from 7 QSGD-sampled steps left errors of
         # 0.25-0.33 with 2 workers (a refresh after 3 steps), and the drifting
-        # patterns passed 0.3 after 4 steps with 3 workers.
-        assert len(compressing) >= (8 if kind == "matrix_rank" else 12), (kind, steps)
+        # patterns passed 0.3 after 4 steps with 3 workers (12-16 compressed steps in all).
+        assert len(compressing) >= (8 if kind == "matrix_rank" else 10), (kind, steps)
         # every step after the first fit (sampling steps: 4-bit QSGD sums) at >= 0.8
         assert min(s["cosine"] for s in steps[8:]) >= 0.8, (kind, steps)
         assert min(compressing) >= 0.95, (kind, compressing)
