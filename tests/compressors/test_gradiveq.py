@@ -463,6 +463,46 @@ def test_sampling_state_is_at_most_twice_the_gradient():
     assert wide.width == 100  # an explicit width is taken as given (<= K and F m)
 
 
+def test_a_window_of_slices_moves_through_the_whole_tensor():
+    """With ``m < S`` slices fitted per step the window moves by ``m`` each step.
+
+    Every slice of this dense kernel lies along a direction of its own (16
+    slices, 16 directions): the first ``m`` slices of every step (the rule
+    before the window) would fit 4 of them, and the basis would explain a
+    quarter of the next gradient; the window fits all 16 in 4 steps.
+    """
+    shape = (64, 128)  # K = 512, S = 16
+    k, s, _, _ = slice_geometry(shape)
+    rng = np.random.default_rng(5)
+    directions = np.linalg.qr(rng.normal(size=(k, s)))[0].T  # [S, K], orthonormal
+
+    def gradients():
+        rows = rng.normal(size=(s, 1)) * directions
+        return rows.reshape(shape).astype(np.float32)
+
+    c = GradiVeQ(
+        warmup_steps=0, sampling_steps=10, compressed_steps=2, sampling="exact", sample_slices=4
+    )
+    workers = Workers(c, shape, 2)
+    assert workers.layers[0].rows_per_sample == 4
+    for _ in range(10):
+        j, _, _ = workers.step([gradients(), gradients()])
+        assert j == 0
+    layer = workers.layers[0]
+    assert float(layer.explained) > 0.99 and int(layer.fallbacks) == 0
+    xs = [gradients(), gradients()]
+    j, decoded, _ = workers.step(xs)
+    assert j == 1 and int(layer.components) >= s
+    assert cosine(decoded[0], xs[0] + xs[1]) > 0.999
+
+
+def test_default_rows_per_step_cap_large_tensors_only():
+    """``sample_slices=None``: every slice of a conv kernel, 128 of a large dense kernel."""
+    for shape, m in [((3, 3, 16, 16), 3), ((64, 10), 2), ((1568, 128), 128), ((2048, 2048), 128)]:
+        layer = GradiVeQ().bind(TensorContext(key="t", shape=tf.TensorShape(shape)))
+        assert layer.rows_per_sample == m, shape
+
+
 @pytest.mark.parametrize("bad", ["zero", "nan"])
 def test_degenerate_samples_keep_the_layer_exact(bad, capfd):
     shape = (3, 3, 4, 4)

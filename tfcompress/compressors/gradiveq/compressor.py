@@ -97,8 +97,13 @@ class GradiVeQ(Compressor):
         ``l * K`` values per tensor); ``None``: ``min(64, 8 S)``, so the basis
         is at most 8 times the gradient. Always capped by ``K`` and the ``F m``
         fitted rows.
-      sample_slices: slices used per tensor and sampling step (the first
-        ones); ``None`` uses all ``S``; 1 is the paper's first-slice choice.
+      sample_slices: slices ``m`` fitted per tensor and sampling step: all
+        ``S`` when ``m >= S``, else a window of ``m`` consecutive slices that
+        moves by ``m`` every aggregation (so a block sees the whole tensor);
+        ``None``: ``min(S, 128)``, every slice of a conv kernel and about one
+        fold of the sketch per step for a large dense kernel (on the link-bound
+        MLP's 2048x2048 kernel all ``S`` made a sampling step cost 4x a QSGD
+        step); 1 is the paper's one slice per step.
       packs: the coefficients of a tensor travel as up to this many tensors
         (consecutive groups of slices), each all-reduced on its own.
       seed: seed of the QSGD sampling compressor.

@@ -223,6 +223,21 @@ class GradiVeQLayer(Compressor):
         flat = tf.pad(flat, [[0, s * k - self.size]])
         return tf.reshape(flat, [s, k])
 
+    def sampled_rows(self, total: tf.Tensor) -> tf.Tensor:
+        """The ``m`` slices of an aggregate that a sampling step fits (``[m, K]``).
+
+        All ``S`` when ``m = S``; otherwise the window of ``m`` consecutive
+        slices (cyclically) that starts at slice ``(t m) mod S`` at aggregation
+        ``t``, so that the steps of a block fit every part of the tensor in
+        turn. ``t`` is the schedule's counter, identical on every worker.
+        """
+        slices = self.slices(total)
+        m, s = self.rows_per_sample, self.num_slices
+        if m == s:
+            return slices
+        start = (self.schedule_.step.read_value() * m) % s
+        return tf.gather(slices, (start + tf.range(m, dtype=tf.int64)) % s)
+
     def unslice(self, slices: tf.Tensor, payload: Payload) -> tf.Tensor:
         flat = tf.reshape(slices, [-1])[: self.size]
         return tf.reshape(tf.cast(flat, payload.dtype), payload.shape)
@@ -330,7 +345,7 @@ class GradiVeQLayer(Compressor):
             self.count.assign(tf.where(memory > 0, self.count, tf.constant(0.0, tf.float64))),
             self.degenerate.assign(tf.where(first, 0, self.degenerate)),
         )
-        rows = self.slices(total)[:m]
+        rows = self.sampled_rows(total)
         # Each step's rows at unit norm: the sketch's spectrum then says how
         # often a direction recurs, not how large one step's gradient was, so
         # the energy rule does not drop the directions of the quieter steps.
@@ -399,7 +414,7 @@ class GradiVeQLayer(Compressor):
         slices ``h``, with ``d`` from the sketch so far: the self-check of the
         package docstring. The basis is orthonormal here (see :meth:`_fit_step`).
         """
-        rows = self.slices(total)[: self.rows_per_sample]
+        rows = self.sampled_rows(total)
         d, _, _ = self._energy_components()
         return sketch.explained(rows, self.basis.read_value(), d)
 
