@@ -43,8 +43,8 @@ The fit streams (sampling state: a buffer of at most twice the gradient's
 elements; no buffer of ``L_t`` gradients). Per tensor, ``m`` slices of each
 sampling aggregate are used (``sample_slices``, by default ``min(S, 128)``:
 all of a conv kernel's; of a larger tensor a window of ``m`` consecutive
-slices that moves by ``m`` at every aggregation), scaled so that each step's rows have unit norm (the sketch then
-weighs a direction by how often it recurs, not by how large one step's
+slices that moves by ``m`` at every aggregation), scaled so that each
+step's rows have unit norm (the sketch then weighs a direction by how often it recurs, not by how large one step's
 gradient was). With ``F = L_t - 1`` fit steps:
 
 * steps ``0 .. F-1`` append their ``m`` rows to the buffer; when it is full

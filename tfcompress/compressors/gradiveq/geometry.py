@@ -23,8 +23,8 @@ _BASIS_PER_GRADIENT = 8
 # Rows fitted per sampling step by default: at most this many slices (a window
 # that moves through the tensor step by step), so that a step folds about one
 # chunk of 2 l rows into the sketch. All S of a 2048x2048 dense kernel made a
-# sampling step cost 4x a QSGD step (2 workers emulated in one process: 0.74 s
-# against 0.18 s; with 128 rows: 0.18 s).
+# sampling step cost 4x a QSGD step (2 workers emulated in one process: 0.80 s
+# against 0.17-0.25 s; with 128 rows: 0.18 s).
 _DEFAULT_ROWS = 2 * _DEFAULT_WIDTH
 
 

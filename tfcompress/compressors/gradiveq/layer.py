@@ -314,12 +314,13 @@ class GradiVeQLayer(Compressor):
         made orthonormal at every step; the last one finishes the fit.
         """
         m = self.rows_per_sample
+        sampled = self.sampled_rows(total)  # [m, K]: fitted, and measured on check steps
         fit_steps = self.schedule_.fit_steps()  # fewer in the warm refits after the first block
         first_check = fit_steps - tf.minimum(tf.constant(_CHECK_STEPS, tf.int64), fit_steps - 1)
         first = tf.equal(position, 0)
         checking = position >= first_check
         measured = tf.cond(
-            checking, lambda: self._explained(total), lambda: tf.constant(0.0, tf.float64)
+            checking, lambda: self._explained(sampled), lambda: tf.constant(0.0, tf.float64)
         )
         least = tf.where(
             tf.equal(position, first_check),
@@ -345,7 +346,7 @@ class GradiVeQLayer(Compressor):
             self.count.assign(tf.where(memory > 0, self.count, tf.constant(0.0, tf.float64))),
             self.degenerate.assign(tf.where(first, 0, self.degenerate)),
         )
-        rows = self.sampled_rows(total)
+        rows = sampled
         # Each step's rows at unit norm: the sketch's spectrum then says how
         # often a direction recurs, not how large one step's gradient was, so
         # the energy rule does not drop the directions of the quieter steps.
@@ -407,14 +408,13 @@ class GradiVeQLayer(Compressor):
             usable=tf.equal(self.degenerate.read_value(), 0),
         )
 
-    def _explained(self, total: tf.Tensor) -> tf.Tensor:
+    def _explained(self, rows: tf.Tensor) -> tf.Tensor:
         """Share of a fresh aggregate's energy that the current basis explains (float64).
 
-        ``||U_d U_d^T h||^2 / ||h||^2`` over the aggregate's first ``m``
-        slices ``h``, with ``d`` from the sketch so far: the self-check of the
+        ``||U_d U_d^T h||^2 / ||h||^2`` over the step's sampled slices ``h``
+        (:meth:`sampled_rows`), with ``d`` from the sketch so far: the self-check of the
         package docstring. The basis is orthonormal here (see :meth:`_fit_step`).
         """
-        rows = self.sampled_rows(total)
         d, _, _ = self._energy_components()
         return sketch.explained(rows, self.basis.read_value(), d)
 
