@@ -238,8 +238,8 @@ void CheckQsgd(Harness& harness, int64_t n, int kind,
                    std::vector<uint8_t>(expected.packed.size()),
                    {-1, -1, 0.0}};
     tfc::functor::QsgdEncode<CpuDevice, T>()(
-        *device, options, x.data(), noise.data(), n, got.norms.data(),
-        got.packed.data(), nullptr, &got.error);
+        *device, options, x.data(), tfc::GivenNoise(noise.data()), n,
+        got.norms.data(), got.packed.data(), nullptr, &got.error);
     harness.Expect(SameError(got.error, expected.error),
                    label + which + " error " + ErrorText(got.error) +
                        " vs reference " + ErrorText(expected.error));
@@ -250,6 +250,21 @@ void CheckQsgd(Harness& harness, int64_t n, int kind,
       harness.ExpectSameBytes(label + which + " packed", got.packed.data(),
                               expected.packed.data(),
                               static_cast<int64_t>(got.packed.size()));
+    }
+    if (ok && kind != kBadNoise) {
+      // Drawn noise: the same stream (MakeNoise's seed), drawn in the functor.
+      QsgdOutput drawn{std::vector<float>(expected.norms.size()),
+                       std::vector<uint8_t>(expected.packed.size()),
+                       {-1, -1, 0.0}};
+      tfc::functor::QsgdEncode<CpuDevice, T>()(
+          *device, options, x.data(), tfc::SeededNoise(n + kind, 7), n,
+          drawn.norms.data(), drawn.packed.data(), nullptr, &drawn.error);
+      harness.Expect(drawn.error.code == tfc::kQuantizeOk,
+                     label + which + " drawn noise: error " +
+                         ErrorText(drawn.error));
+      harness.ExpectSameBytes(label + which + " drawn noise: packed",
+                              drawn.packed.data(), expected.packed.data(),
+                              static_cast<int64_t>(drawn.packed.size()));
     }
   }
   // Decoding: the element function of every code.
@@ -310,8 +325,8 @@ void CheckQsgd(Harness& harness, int64_t n, int kind,
   d_x.Upload(x);
   d_noise.Upload(noise);
   d_packed.Fill(0xA5);
-  Functor()(gpu, options, d_x.data(), d_noise.data(), n, d_norms.data(),
-            d_packed.data(), d_scratch.data(), d_error.data());
+  Functor()(gpu, options, d_x.data(), tfc::GivenNoise(d_noise.data()), n,
+            d_norms.data(), d_packed.data(), d_scratch.data(), d_error.data());
   const QuantizeError gpu_error = d_error.Download()[0];
   harness.Expect(SameError(gpu_error, expected.error),
                  label + ": gpu error " + ErrorText(gpu_error) +
@@ -325,6 +340,18 @@ void CheckQsgd(Harness& harness, int64_t n, int kind,
   harness.ExpectSameBytes(label + ": gpu packed vs cpu", gpu_packed.data(),
                           expected.packed.data(),
                           static_cast<int64_t>(gpu_packed.size()));
+  if (kind != kBadNoise) {
+    d_packed.Fill(0xA5);
+    Functor()(gpu, options, d_x.data(), tfc::SeededNoise(n + kind, 7), n,
+              d_norms.data(), d_packed.data(), d_scratch.data(),
+              d_error.data());
+    const std::vector<uint8_t> drawn = d_packed.Download();
+    harness.Expect(d_error.Download()[0].code == tfc::kQuantizeOk,
+                   label + ": gpu drawn noise: error");
+    harness.ExpectSameBytes(label + ": gpu drawn noise: packed vs cpu",
+                            drawn.data(), expected.packed.data(),
+                            static_cast<int64_t>(drawn.size()));
+  }
   tfc::functor::QsgdDecode<GpuDevice, T>()(
       gpu, options.levels, options.bucket_size, d_norms.data(),
       d_packed.data(), n, d_decoded.data(), d_error.data());
@@ -348,8 +375,9 @@ void CheckQsgd(Harness& harness, int64_t n, int kind,
                            "> s=" + std::to_string(options.levels) +
                            " bucket=" + std::to_string(options.bucket_size);
     const double encode_s = harness.TimeGpu([&] {
-      Functor()(gpu, options, d_x.data(), d_noise.data(), n, d_norms.data(),
-                d_packed.data(), d_scratch.data(), d_error.data());
+      Functor()(gpu, options, d_x.data(), tfc::GivenNoise(d_noise.data()), n,
+                d_norms.data(), d_packed.data(), d_scratch.data(),
+                d_error.data());
     });
     harness.Throughput(op, "gpu", n, sizeof(T) * static_cast<double>(n),
                        encode_s);
@@ -361,6 +389,94 @@ void CheckQsgd(Harness& harness, int64_t n, int kind,
     harness.Throughput(std::string("QsgdDecode<") + Name<T>() + ">", "gpu", n,
                        sizeof(T) * static_cast<double>(n), decode_s);
   }
+#endif
+}
+
+// QsgdDecodeSum: 3 payloads of different inputs, against the single decodes
+// added with PayloadSum (serial, threaded and GPU), and an invalid level in
+// the second payload found at its index (n + element).
+template <typename T>
+void CheckQsgdDecodeSum(Harness& harness, int64_t n) {
+  if (n == 0) return;
+  constexpr int kPayloads = 3;
+  const tfc::QsgdOptions options{5, 64, tfc::QsgdNorm::kMax};
+  const std::string label =
+      std::string("QsgdDecodeSum<") + Name<T>() + "> n=" + std::to_string(n);
+  const int bits = tfc::QsgdBitsPerElement(options.levels);
+  const int64_t buckets = tfc::CeilDiv(n, options.bucket_size);
+  const int64_t row_bytes = tfc::PackedCodeBytes(n, bits);
+  std::vector<float> norms(kPayloads * buckets);
+  std::vector<uint8_t> packed(kPayloads * row_bytes);
+  std::vector<std::vector<T>> decoded(kPayloads, std::vector<T>(n));
+  QuantizeError error{-1, -1, 0.0};
+  for (int p = 0; p < kPayloads; ++p) {
+    const std::vector<T> x = MakeInput<T>(n, kNormal, 17 * n + p);
+    tfc::functor::QsgdEncode<CpuDevice, T>()(
+        harness.serial(), options, x.data(), tfc::SeededNoise(p, 9), n,
+        norms.data() + p * buckets, packed.data() + p * row_bytes, nullptr,
+        &error);
+    tfc::functor::QsgdDecode<CpuDevice, T>()(
+        harness.serial(), options.levels, options.bucket_size,
+        norms.data() + p * buckets, packed.data() + p * row_bytes, n,
+        decoded[p].data(), &error);
+  }
+  using Sum = tfc::PayloadSum<T>;
+  std::vector<T> expected(n);
+  for (int64_t i = 0; i < n; ++i) {
+    typename Sum::Accumulator sum = Sum::Start(decoded[0][i]);
+    for (int p = 1; p < kPayloads; ++p) sum = Sum::Add(sum, decoded[p][i]);
+    expected[i] = Sum::Finish(sum);
+  }
+  std::vector<uint8_t> corrupt = packed;
+  const int64_t bad = n / 2;
+  for (int k = 0; k < bits; ++k) {  // level 6 = levels + 1 fits 3 level bits
+    const int64_t bit = row_bytes * 8 + bad * bits + k;
+    corrupt[bit >> 3] &= static_cast<uint8_t>(~(1u << (bit & 7)));
+  }
+  tfc::WriteBitsAt(corrupt.data() + row_bytes, bad * bits, bits,
+                   2 * (options.levels + 1));
+  for (const CpuDevice* device : {&harness.serial(), &harness.threaded()}) {
+    const std::string which =
+        device == &harness.serial() ? ": cpu serial" : ": cpu threaded";
+    std::vector<T> got(n);
+    tfc::functor::QsgdDecodeSum<CpuDevice, T>()(
+        *device, options.levels, options.bucket_size, kPayloads, norms.data(),
+        packed.data(), n, got.data(), &error);
+    harness.Expect(error.code == tfc::kQuantizeOk,
+                   label + which + " error " + ErrorText(error));
+    harness.ExpectSameBytes(label + which + " sum", got.data(),
+                            expected.data(), n);
+    tfc::functor::QsgdDecodeSum<CpuDevice, T>()(
+        *device, options.levels, options.bucket_size, kPayloads, norms.data(),
+        corrupt.data(), n, got.data(), &error);
+    harness.Expect(error.code == tfc::kInvalidCode && error.index == n + bad,
+                   label + which + " finds the invalid level, got " +
+                       ErrorText(error));
+  }
+#if GOOGLE_CUDA
+  if (!harness.gpu()) return;
+  const GpuDevice& gpu = harness.device();
+  DeviceArray<float> d_norms(static_cast<int64_t>(norms.size()));
+  DeviceArray<uint8_t> d_packed(static_cast<int64_t>(packed.size()));
+  DeviceArray<T> d_out(n);
+  DeviceArray<QuantizeError> d_error(1);
+  d_norms.Upload(norms);
+  d_packed.Upload(packed);
+  tfc::functor::QsgdDecodeSum<GpuDevice, T>()(
+      gpu, options.levels, options.bucket_size, kPayloads, d_norms.data(),
+      d_packed.data(), n, d_out.data(), d_error.data());
+  const std::vector<T> gpu_out = d_out.Download();
+  harness.Expect(d_error.Download()[0].code == tfc::kQuantizeOk,
+                 label + ": gpu error");
+  harness.ExpectSameBytes(label + ": gpu sum vs cpu", gpu_out.data(),
+                          expected.data(), n);
+  d_packed.Upload(corrupt);
+  tfc::functor::QsgdDecodeSum<GpuDevice, T>()(
+      gpu, options.levels, options.bucket_size, kPayloads, d_norms.data(),
+      d_packed.data(), n, d_out.data(), d_error.data());
+  const QuantizeError e = d_error.Download()[0];
+  harness.Expect(e.code == tfc::kInvalidCode && e.index == n + bad,
+                 label + ": gpu finds the invalid level");
 #endif
 }
 
@@ -479,8 +595,8 @@ void CheckScaled(Harness& harness, int64_t n, int kind, float clip,
                      {-1, -1, 0.0}};
     if constexpr (kTernGrad) {
       tfc::functor::TernGradEncode<CpuDevice, T>()(
-          *device, clip, x.data(), noise.data(), n, &got.scale,
-          got.packed.data(), nullptr, &got.error);
+          *device, clip, x.data(), tfc::GivenNoise(noise.data()), n,
+          &got.scale, got.packed.data(), nullptr, &got.error);
     } else {
       tfc::functor::SignEncode<CpuDevice, T>()(*device, scaled, x.data(), n,
                                                &got.scale, got.packed.data(),
@@ -495,6 +611,18 @@ void CheckScaled(Harness& harness, int64_t n, int kind, float clip,
       harness.ExpectSameBytes(label + which + " packed", got.packed.data(),
                               expected.packed.data(),
                               static_cast<int64_t>(got.packed.size()));
+    }
+    if constexpr (kTernGrad) {
+      if (ok && kind != kBadNoise) {  // drawn noise: MakeNoise's stream
+        ScaledOutput drawn{-1.0f, std::vector<uint8_t>(expected.packed.size()),
+                           {-1, -1, 0.0}};
+        tfc::functor::TernGradEncode<CpuDevice, T>()(
+            *device, clip, x.data(), tfc::SeededNoise(3 * n + kind, 7), n,
+            &drawn.scale, drawn.packed.data(), nullptr, &drawn.error);
+        harness.ExpectSameBytes(label + which + " drawn noise: packed",
+                                drawn.packed.data(), expected.packed.data(),
+                                static_cast<int64_t>(drawn.packed.size()));
+      }
     }
   }
   std::vector<T> decoded(n);
@@ -554,7 +682,8 @@ void CheckScaled(Harness& harness, int64_t n, int kind, float clip,
   auto encode = [&] {
     if constexpr (kTernGrad) {
       tfc::functor::TernGradEncode<GpuDevice, T>()(
-          gpu, clip, d_x.data(), d_noise.data(), n, d_scale.data(),
+          gpu, clip, d_x.data(), tfc::GivenNoise(d_noise.data()), n,
+          d_scale.data(),
           d_packed.data(), d_scratch.data(), d_error.data());
     } else {
       tfc::functor::SignEncode<GpuDevice, T>()(
@@ -616,6 +745,7 @@ void CheckType(Harness& harness, int64_t n) {
     CheckScaled<T, false>(harness, n, kind, 0.0f, true);
     CheckScaled<T, false>(harness, n, kind, 0.0f, false);
   }
+  CheckQsgdDecodeSum<T>(harness, n);
 }
 
 #if GOOGLE_CUDA

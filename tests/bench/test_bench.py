@@ -80,6 +80,29 @@ def test_bench_ops_table(tmp_path):
     assert (tmp_path / "ops.png").stat().st_size > 0
 
 
+def test_bench_ops_decode_and_sum_rows(tmp_path, kernel_library):
+    proc = run_cli(
+        "ops",
+        "--sizes",
+        "5000",
+        "--repeats",
+        "1",
+        "--only",
+        "qsgd 4-bit",
+        "--kernels-only",
+        "--sum-payloads",
+        "2",
+        "4",
+        "--out",
+        str(tmp_path),
+    )
+    assert "| qsgd 4-bit decode-and-sum | 5,000 | 4 |" in proc.stdout
+    rows = json.loads((tmp_path / "ops.json").read_text())
+    sums = [r for r in rows if r["label"] == "qsgd 4-bit decode-and-sum"]
+    assert [r["payloads"] for r in sums] == [2, 4]
+    assert all(r["fused_seconds"] > 0 and r["separate_seconds"] > 0 for r in sums)
+
+
 def _row(variant, aggregation, seconds, sent, gathered=0, all_to_all=0, **extra):
     return {
         "model": "resnet20",

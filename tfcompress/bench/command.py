@@ -53,6 +53,13 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="skip the pure-TF references (slow at 25M elements for the Bloom filter)",
     )
+    ops.add_argument(
+        "--sum-payloads",
+        type=positive_int,
+        nargs="*",
+        default=[2, 4, 8],
+        help="payload counts of the decode-and-sum rows (QSGD 4-bit); none: no such rows",
+    )
     ops.add_argument("--out", default=None, help="folder for ops.md, ops.json and ops.png")
     ops.add_argument("--plot", action="store_true", help="also draw ops.png (matplotlib)")
     _configure_aggregate(benchmarks)

@@ -10,6 +10,12 @@ bytes / payload bytes). With the kernels, ``compress`` and ``decompress`` are
 also timed apart (each its own ``tf.function``): encode and decode GB/s of the
 dense tensor.
 
+The decode-and-sum rows (``--sum-payloads``, QSGD 4-bit) time what a worker
+does with the ``N`` payloads it receives: ``QSGD.aggregate``, one pass over
+the ``N`` payloads into one output (``qsgd_decode_sum``), against the default
+``Compressor.aggregate`` (``N`` decodes, stacked and summed), each against a
+memory copy of the output's bytes.
+
 The DeepReduce rows (``deepreduce <index codec>``) sparsify to the top 1% and
 encode the indices with each index codec (raw float32 values; ``bloom`` is
 policy P0 at the default ``eps = 0.1 r / d``), so their encode and decode sit
@@ -19,6 +25,7 @@ next to ``topk 1%``'s own: the index codec's cost is the difference.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import pathlib
 import statistics
@@ -181,18 +188,76 @@ def main(args: argparse.Namespace) -> int:
                         row["encode_gbps"] = 4 * n / encode_s / 1e9
                         row["decode_gbps"] = 4 * n / decode_s / 1e9
                 rows.append(row)
+    sum_rows = []
+    counts = getattr(args, "sum_payloads", None) or []
+    if counts and "qsgd 4-bit" in labels and kernel:
+        for n in args.sizes:
+            print(f"\r[decode-and-sum] n={n:,} ...".ljust(60), end="", file=sys.stderr, flush=True)
+            sum_rows += _decode_sum_rows(n, counts, args.repeats)
     print(file=sys.stderr)
     table = format_table(rows)
+    if sum_rows:
+        table += "\n\n" + format_sum_table(sum_rows)
     print(table)
     if args.out:
         out = pathlib.Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "ops.json").write_text(json.dumps(rows, indent=2))
+        (out / "ops.json").write_text(json.dumps(rows + sum_rows, indent=2))
         (out / "ops.md").write_text(table + "\n")
         if args.plot:
             _plot(rows, out / "ops.png")
         print(f"\nwritten: {out}/ops.md" + (f", {out}/ops.png" if args.plot else ""))
     return 0
+
+
+def _decode_sum_rows(n: int, counts: list[int], repeats: int) -> list[dict]:
+    """Seconds of QSGD 4-bit's one-pass aggregate and of the default one, N payloads of n."""
+    compressor = C.get("qsgd", bits=4, seed=1)
+    rng = np.random.default_rng(2)
+    payloads = [
+        compressor.compress(tf.constant(rng.normal(size=n).astype(np.float32)))
+        for _ in range(max(counts))
+    ]
+    copy_s = _memcpy_seconds(n, repeats)
+    rows = []
+
+    def timed(aggregate: Callable, received: list) -> float:
+        graph = tf.function(lambda: aggregate(received))
+        return measure(lambda: graph().numpy(), repeats)
+
+    for count in counts:
+        received = payloads[:count]
+        with ops.implementation("kernel"):
+            fused_s = timed(compressor.aggregate, received)
+            separate_s = timed(functools.partial(C.Compressor.aggregate, compressor), received)
+        rows.append(
+            {
+                "label": "qsgd 4-bit decode-and-sum",
+                "size": n,
+                "payloads": count,
+                "fused_seconds": fused_s,
+                "separate_seconds": separate_s,
+                "memcpy_seconds": copy_s,
+            }
+        )
+    return rows
+
+
+def format_sum_table(rows: list[dict]) -> str:
+    """Markdown table of the decode-and-sum rows."""
+    lines = [
+        "| decode-and-sum | elements | payloads | one pass (ms) | N decodes + sum (ms) "
+        "| speed-up | one pass / memcpy of the output |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['label']} | {r['size']:,} | {r['payloads']} | {1e3 * r['fused_seconds']:.1f} "
+            f"| {1e3 * r['separate_seconds']:.1f} "
+            f"| {r['separate_seconds'] / r['fused_seconds']:.2f}x "
+            f"| {r['fused_seconds'] / r['memcpy_seconds']:.1f}x |"
+        )
+    return "\n".join(lines)
 
 
 def format_table(rows: list[dict]) -> str:

@@ -18,18 +18,26 @@ So ``payload_nbytes = 4 * ceil(n / B) + ceil(n * b / 8)``; the default
 levels and the norms, and raises ``tf.errors.InvalidArgumentError`` ("corrupted
 payload") for anything inconsistent.
 
-Randomness: each ``compress`` draws one uniform per element with
-``tf.random.stateless_uniform(seed=stateless_seed(seed, key, step, replica))``
-(``SeededNoise(seed, context).uniform_like(x, step)``,
+Randomness: each ``compress`` quantizes with one uniform per element, those
+of ``tf.random.stateless_uniform(seed=stateless_seed(seed, key, step,
+replica))`` (``SeededNoise(seed, context).seed_at(step)``,
 :mod:`tfcompress.compressors.state`), ``step`` read from the tensor's
 :class:`~tfcompress.compressors.state.StepCounter` and then advanced, so a run
 is reproducible bit for bit from its seed, replicas draw independent noise,
-and the step counter is a checkpointed ``tf.Variable``.
+and the step counter is a checkpointed ``tf.Variable``. The kernel
+(:func:`tfcompress.ops.quantize.qsgd_encode_seeded`) draws each value where it
+uses it instead of reading a noise tensor; the payload is the same bits.
+
+Aggregation (all-gather and the first stage of two-stage): the ``N``
+received payloads are decoded and summed in one pass
+(:func:`tfcompress.ops.quantize.qsgd_decode_sum`), in worker order, the
+same bits on every worker.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -72,8 +80,8 @@ class QSGD(PerStepRandomness, Compressor):
     ``d = min(bucket_size, n)``.
 
     The payload layout is in the module docstring. ``summable`` is False
-    (every worker has its own norms): payloads travel by all-gather and are
-    decoded and summed with the default :meth:`Compressor.aggregate`.
+    (every worker has its own norms): payloads travel by all-gather (or two
+    stages) and :meth:`aggregate` decodes and sums them in one pass.
 
     Args:
       bits: bits of a level, 1 to 8: ``s = 2**bits - 1`` levels (4: s = 15),
@@ -164,8 +172,8 @@ class QSGD(PerStepRandomness, Compressor):
 
     def compress(self, x: tf.Tensor) -> Payload:
         x = self._check_input(x)
-        norms, packed = quantize.qsgd_encode(
-            x, self.uniform_noise_like(x), self.levels, self.bucket_size, self.norm
+        norms, packed = quantize.qsgd_encode_seeded(
+            x, self.uniform_noise_seed(), self.levels, self.bucket_size, self.norm
         )
         return Payload(tensors={"norms": norms, "packed": packed}, **self._metadata(x))
 
@@ -179,6 +187,27 @@ class QSGD(PerStepRandomness, Compressor):
             dtype=payload.dtype,
         )
         return self._restore_shape(flat, payload)
+
+    def aggregate(self, payloads: Sequence[Payload]) -> tf.Tensor:
+        """The sum of the workers' tensors, decoded and added in one pass (``qsgd_decode_sum``).
+
+        Added in worker order in float32 (float64 for float64), rounded to
+        the gradient's dtype once, without a decoded tensor per worker; for
+        float32 gradients and up to 8 workers the default's sum, bit for bit.
+        Every worker computes the same bits.
+        """
+        if len(payloads) < 2:
+            return super().aggregate(payloads)
+        first = payloads[0]
+        flat = quantize.qsgd_decode_sum(
+            tf.stack([p.tensors["norms"] for p in payloads]),
+            tf.stack([p.tensors["packed"] for p in payloads]),
+            first.num_elements,
+            self.levels,
+            self.bucket_size,
+            dtype=first.dtype,
+        )
+        return self._restore_shape(flat, first)
 
     def compressed_nbytes(self, shape: tf.TensorShape, dtype: tf.DType) -> int | None:
         """``4 ceil(n / bucket_size) + ceil(n bits_per_element / 8)``: float32 norms, packed codes."""

@@ -275,3 +275,12 @@ class PerStepRandomness:
     def uniform_noise_like(self, x: tf.Tensor) -> tf.Tensor:
         """One float32 uniform in [0, 1) per element of ``x`` (flattened); advances the step."""
         return self.noise().uniform_like(x, self.next_step())
+
+    def uniform_noise_seed(self) -> tf.Tensor:
+        """The ``[2]`` int64 seed whose ``stateless_uniform`` :meth:`uniform_noise_like` draws.
+
+        For the encoders that draw the noise themselves
+        (``qsgd_encode_seeded``, ``terngrad_encode_seeded``): they produce
+        the payload of the drawn tensor without writing it. Advances the step.
+        """
+        return self.noise().seed_at(self.next_step())

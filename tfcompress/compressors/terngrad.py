@@ -116,7 +116,7 @@ class TernGrad(PerStepRandomness, Compressor):
 
     def compress(self, x: tf.Tensor) -> Payload:
         x = self._check_input(x)
-        scale, packed = quantize.terngrad_encode(x, self.uniform_noise_like(x), self.clip)
+        scale, packed = quantize.terngrad_encode_seeded(x, self.uniform_noise_seed(), self.clip)
         return Payload(tensors={"scale": scale, "packed": packed}, **self._metadata(x))
 
     def decompress(self, payload: Payload) -> tf.Tensor:

@@ -322,6 +322,41 @@ def _qsgd() -> Family:
     )
 
 
+def _qsgd_sum() -> Family:
+    """``qsgd_decode_sum``: N = 1 to 4 payloads stacked into [N, ...] rows."""
+
+    def make(rng: np.random.Generator) -> Case:
+        count = int(rng.choice([1, 63, 64, 65, 1000]))
+        rows = int(rng.integers(1, 5))
+        payloads = [
+            ops.qsgd_encode_seeded(
+                _values(rng, count), rng.integers(0, 2**31, 2), _QSGD_LEVELS, _QSGD_BUCKET
+            )
+            for _ in range(rows)
+        ]
+        norms = np.stack([n.numpy() for n, _ in payloads])
+        packed = np.stack([p.numpy() for _, p in payloads])
+        case = Case({"norms": norms, "packed": packed}, {"count": count})
+        case.expected = ops.qsgd_decode_sum(
+            norms, packed, count, _QSGD_LEVELS, _QSGD_BUCKET
+        ).numpy()
+        return case
+
+    return Family(
+        name="qsgd-sum",
+        make=make,
+        decode=lambda t, a: ops.qsgd_decode_sum(
+            t["norms"], t["packed"], a["count"], _QSGD_LEVELS, _QSGD_BUCKET
+        ),
+        signature={
+            "norms": tf.TensorSpec([None, None], tf.float32),
+            "packed": tf.TensorSpec([None, None], tf.uint8),
+        },
+        contract=_values_contract(True),
+        attribute_values=_count_attribute,
+    )
+
+
 def _scaled(name: str, encode: Callable, decode: Callable) -> Family:
     def make(rng: np.random.Generator) -> Case:
         count = int(rng.choice([0, 1, 3, 8, 9, 1000]))
@@ -544,6 +579,7 @@ def _make_families() -> dict[str, Callable[[], Family]]:
             "values-dexpfit", value_codecs.DoubleExponentialFit(), True, True
         ),
         "qsgd": _qsgd,
+        "qsgd-sum": _qsgd_sum,
         "terngrad": lambda: _scaled("terngrad", ops.terngrad_encode, ops.terngrad_decode),
         "signsgd": lambda: _scaled("signsgd", ops.sign_encode, ops.sign_decode),
         "bitpack": _bitpack,

@@ -16,6 +16,7 @@ FAMILIES = (
     "values-polyfit",
     "values-dexpfit",
     "qsgd",
+    "qsgd-sum",
     "terngrad",
     "signsgd",
     "bitpack",

@@ -61,7 +61,15 @@ import tensorflow as tf
 
 from tfcompress.ops._define import define_op, dispatch
 from tfcompress.ops.checks import invalid_argument
-from tfcompress.ops.convert import FLOAT_DTYPES, TensorLike, check_int, packed_and_count
+from tfcompress.ops.convert import (
+    FLOAT_DTYPES,
+    TensorLike,
+    check_int,
+    check_rank,
+    packed_and_count,
+    to_integer_scalar,
+    to_tensor,
+)
 from tfcompress.ops.reference import quantize as reference
 from tfcompress.ops.reference.quantize import TERNGRAD_BITS
 
@@ -72,8 +80,12 @@ __all__ = [
     "qsgd_bits_per_element",
     "qsgd_decode",
     "qsgd_decode_reference",
+    "qsgd_decode_sum",
+    "qsgd_decode_sum_reference",
     "qsgd_encode",
     "qsgd_encode_reference",
+    "qsgd_encode_seeded",
+    "qsgd_encode_seeded_reference",
     "sign_decode",
     "sign_decode_reference",
     "sign_encode",
@@ -82,6 +94,8 @@ __all__ = [
     "terngrad_decode_reference",
     "terngrad_encode",
     "terngrad_encode_reference",
+    "terngrad_encode_seeded",
+    "terngrad_encode_seeded_reference",
 ]
 
 QSGD_MAX_LEVELS = 255
@@ -159,6 +173,125 @@ def qsgd_encode(
         bucket_size=bucket_size,
         norm_type=norm,
         tensor_name=tensor_name,
+    )
+
+
+@define_op
+def qsgd_encode_seeded(
+    x: TensorLike,
+    seed: TensorLike,
+    levels: int,
+    bucket_size: int,
+    norm: str = "l2",
+    tensor_name: str | None = None,
+    name: str | None = None,
+) -> tuple[tf.Tensor, tf.Tensor]:
+    """:func:`qsgd_encode` with ``noise = tf.random.stateless_uniform([size(x)], seed)``, drawn in the kernel.
+
+    The payload is the one :func:`qsgd_encode` makes from that noise tensor,
+    bit for bit, but the kernel draws each value where it uses it (the
+    Philox-4x32-10 stream TensorFlow uses for ``stateless_uniform`` on CPU
+    and GPU), so no noise tensor of ``size(x)`` floats is written and read
+    back.
+
+    Args:
+        x: half, bfloat16, float32 or float64 tensor of any shape, finite.
+        seed: int64 (or int32) ``[2]``, as ``tf.random.stateless_uniform`` takes it.
+        levels: s, 1 to 255.
+        bucket_size: elements per bucket, >= 1.
+        norm: ``"l2"`` or ``"max"``.
+        tensor_name: name used in error messages (default as in :func:`qsgd_encode`).
+        name: optional name scope.
+
+    Returns:
+        ``(norms, packed)`` as :func:`qsgd_encode` returns them.
+
+    Raises:
+        TypeError: ``x`` is not floating point or ``seed`` is not an integer tensor.
+        tf.errors.InvalidArgumentError: bad options, a non-finite ``x`` or a
+            ``seed`` that is not 2 values.
+
+    >>> x = tf.constant([3.0, -4.0])
+    >>> seeded = qsgd_encode_seeded(x, [1, 2], levels=1, bucket_size=2)
+    >>> noise = tf.random.stateless_uniform([2], seed=[1, 2])
+    >>> given = qsgd_encode(x, noise, levels=1, bucket_size=2)
+    >>> bool(tf.reduce_all(seeded[1] == given[1]))
+    True
+    """
+    levels, bucket_size = _check_qsgd(levels, bucket_size, "qsgd_encode_seeded")
+    norm = _check_norm(norm, "qsgd_encode_seeded")
+    tensor_name = _tensor_name(x, tensor_name)
+    x = _to_float(x, "qsgd_encode_seeded")
+    return dispatch(
+        "QsgdEncodeSeeded",
+        reference.qsgd_encode_seeded,
+        x=x,
+        seed=_to_seed(seed, "qsgd_encode_seeded"),
+        levels=levels,
+        bucket_size=bucket_size,
+        norm_type=norm,
+        tensor_name=tensor_name,
+    )
+
+
+@define_op
+def qsgd_decode_sum(
+    norms: TensorLike,
+    packed: TensorLike,
+    count: TensorLike,
+    levels: int,
+    bucket_size: int,
+    dtype: tf.dtypes.DType = tf.float32,
+    name: str | None = None,
+) -> tf.Tensor:
+    """The sum of ``N`` QSGD payloads, decoded and added in one pass.
+
+    ``sum[i] = ((d_0[i] + d_1[i]) + d_2[i]) + ...`` where ``d_p`` is
+    :func:`qsgd_decode` of row ``p``: added in row order in float32 (float64
+    for float64) and rounded to ``dtype`` once, without a decoded tensor per
+    payload. For float32 and float64 and up to 8 rows this is bit for bit
+    ``tf.reduce_sum(tf.stack([d_0, ..., d_{N-1}]), 0)`` (the sum the default
+    :meth:`tfcompress.compressors.Compressor.aggregate` computes); beyond 8
+    rows, and for half, TensorFlow's own order depends on the shape, while
+    this one is fixed.
+
+    Args:
+        norms: float32 ``[N, ceil(count / bucket_size)]``, the payloads' norms.
+        packed: uint8 ``[N, ceil(count * qsgd_bits_per_element(levels) / 8)]``.
+        count: elements per payload, a non-negative integer scalar.
+        levels: s, as given to the encoder.
+        bucket_size: as given to the encoder.
+        dtype: half, bfloat16, float32 or float64, the dtype of the result.
+        name: optional name scope.
+
+    Returns:
+        A 1-D tensor of ``count`` elements of ``dtype``.
+
+    Raises:
+        TypeError: wrong dtypes.
+        tf.errors.InvalidArgumentError: a corrupted payload in any row, or
+            rows that do not match.
+
+    >>> qsgd_decode_sum([[5.0], [1.0]], [[14], [13]], 2, levels=1, bucket_size=2).numpy()
+    array([ 4., -6.], dtype=float32)
+    """
+    levels, bucket_size = _check_qsgd(levels, bucket_size, "qsgd_decode_sum")
+    dtype = _check_dtype(dtype, "qsgd_decode_sum")
+    norms = _to_float32(norms, "norms", 2, "qsgd_decode_sum")
+    packed = to_tensor(packed, tf.uint8)
+    if packed.dtype != tf.uint8:
+        raise TypeError(f"qsgd_decode_sum: `packed` must be uint8, got {packed.dtype.name}")
+    check_rank(packed, 2, "qsgd_decode_sum", "packed")
+    count = to_integer_scalar(count, "qsgd_decode_sum", "count")
+    return dispatch(
+        "QsgdDecodeSum",
+        reference.qsgd_decode_sum,
+        norms=norms,
+        packed=packed,
+        count=count,
+        levels=levels,
+        bucket_size=bucket_size,
+        T=dtype,
     )
 
 
@@ -260,6 +393,47 @@ def terngrad_encode(
         reference.terngrad_encode,
         x=x,
         noise=tf.reshape(noise, [-1]),
+        clip=clip,
+        tensor_name=tensor_name,
+    )
+
+
+@define_op
+def terngrad_encode_seeded(
+    x: TensorLike,
+    seed: TensorLike,
+    clip: float | None = None,
+    tensor_name: str | None = None,
+    name: str | None = None,
+) -> tuple[tf.Tensor, tf.Tensor]:
+    """:func:`terngrad_encode` with ``noise = tf.random.stateless_uniform([size(x)], seed)``, drawn in the kernel.
+
+    Bit for bit the payload of :func:`terngrad_encode` for that noise, as
+    :func:`qsgd_encode_seeded` is for QSGD.
+
+    Args:
+        x: half, bfloat16, float32 or float64 tensor of any shape, finite.
+        seed: int64 (or int32) ``[2]``.
+        clip: as in :func:`terngrad_encode`.
+        tensor_name: name used in error messages.
+        name: optional name scope.
+
+    Returns:
+        ``(scale, packed)`` as :func:`terngrad_encode` returns them.
+
+    Raises:
+        TypeError: wrong dtypes.
+        tf.errors.InvalidArgumentError: bad ``clip``, a non-finite ``x`` or a
+            ``seed`` that is not 2 values.
+    """
+    clip = _check_clip(clip, "terngrad_encode_seeded")
+    tensor_name = _tensor_name(x, tensor_name)
+    x = _to_float(x, "terngrad_encode_seeded")
+    return dispatch(
+        "TernGradEncodeSeeded",
+        reference.terngrad_encode_seeded,
+        x=x,
+        seed=_to_seed(seed, "terngrad_encode_seeded"),
         clip=clip,
         tensor_name=tensor_name,
     )
@@ -379,8 +553,11 @@ def sign_decode(
 
 
 qsgd_encode_reference = qsgd_encode.reference
+qsgd_encode_seeded_reference = qsgd_encode_seeded.reference
+qsgd_decode_sum_reference = qsgd_decode_sum.reference
 qsgd_decode_reference = qsgd_decode.reference
 terngrad_encode_reference = terngrad_encode.reference
+terngrad_encode_seeded_reference = terngrad_encode_seeded.reference
 terngrad_decode_reference = terngrad_decode.reference
 sign_encode_reference = sign_encode.reference
 sign_decode_reference = sign_decode.reference
@@ -470,6 +647,14 @@ def _to_noise(noise: TensorLike, function: str) -> tf.Tensor:
     if noise.dtype != tf.float32:
         raise TypeError(f"{function}: `noise` must be float32, got {noise.dtype.name}")
     return noise
+
+
+def _to_seed(seed: TensorLike, function: str) -> tf.Tensor:
+    seed = to_tensor(seed, tf.int64)
+    if not seed.dtype.is_integer:
+        raise TypeError(f"{function}: `seed` must be an integer tensor, got {seed.dtype.name}")
+    check_rank(seed, 1, function, "seed")
+    return tf.cast(seed, tf.int64)
 
 
 def _to_float32(value: TensorLike, what: str, rank: int, function: str) -> tf.Tensor:

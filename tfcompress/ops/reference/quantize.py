@@ -19,11 +19,14 @@ from tfcompress.ops.reference.bitpack import pack_bits, unpack_bits
 __all__ = [
     "TERNGRAD_BITS",
     "qsgd_decode",
+    "qsgd_decode_sum",
     "qsgd_encode",
+    "qsgd_encode_seeded",
     "sign_decode",
     "sign_encode",
     "terngrad_decode",
     "terngrad_encode",
+    "terngrad_encode_seeded",
 ]
 
 TERNGRAD_BITS = 2
@@ -82,6 +85,64 @@ def qsgd_encode(
         norms.set_shape([-(-static_n // bucket_size)])
         packed.set_shape([(static_n * bits + 7) // 8])
     return norms, packed
+
+
+def qsgd_encode_seeded(
+    x: tf.Tensor, seed: tf.Tensor, levels: int, bucket_size: int, norm_type: str, tensor_name: str
+) -> tuple[tf.Tensor, tf.Tensor]:
+    """``TFCompress>QsgdEncodeSeeded``: :func:`qsgd_encode` of TensorFlow's noise for ``seed``."""
+    noise = _seeded_noise("QsgdEncodeSeeded", x, seed)
+    return qsgd_encode(x, noise, levels, bucket_size, norm_type, tensor_name)
+
+
+def qsgd_decode_sum(
+    norms: tf.Tensor,
+    packed: tf.Tensor,
+    count: tf.Tensor,
+    levels: int,
+    bucket_size: int,
+    T: tf.dtypes.DType,
+) -> tf.Tensor:
+    """``TFCompress>QsgdDecodeSum``: the single decodes of the rows, added in row order.
+
+    The sum runs in ``T``'s compute type (float32, float64 for float64) from
+    row 0 on, and is rounded to ``T`` once.
+    """
+    op = "QsgdDecodeSum"
+    for what, value in (("norms", norms), ("packed", packed)):
+        if value.shape.rank is not None and value.shape.rank != 2:
+            raise invalid_argument(
+                f"{op}: corrupted payload: `{what}` must be 2-D [payloads, ...], "
+                f"got shape {value.shape}"
+            )
+    num = tf.shape(packed, out_type=tf.int64)[0]
+    checks = require(
+        tf.logical_and(num >= 1, tf.equal(tf.shape(norms, out_type=tf.int64)[0], num)),
+        lambda: [
+            f"{op}: `norms` and `packed` must hold the same number (>= 1) of payloads, got ",
+            tf.shape(norms, out_type=tf.int64)[0],
+            " and ",
+            num,
+        ],
+    )
+    ctype = _compute_dtype(T)
+
+    def decoded(row_norms: tf.Tensor, row_packed: tf.Tensor) -> tf.Tensor:
+        values = qsgd_decode(row_norms, row_packed, count, levels, bucket_size, T)
+        return tf.cast(values, ctype)
+
+    with tf.control_dependencies(checks):
+        # Row 0 starts the sum (adding it to a zero would turn a -0 into +0).
+        total = tf.foldl(
+            lambda total, row: total + decoded(row[0], row[1]),
+            (norms[1:], packed[1:]),
+            initializer=decoded(norms[0], packed[0]),
+        )
+    values = tf.cast(total, T)
+    static_count = tf.get_static_value(count)
+    if static_count is not None and static_count >= 0:
+        values.set_shape([int(static_count)])
+    return values
 
 
 def qsgd_decode(
@@ -201,6 +262,31 @@ def terngrad_encode(
     if static_n is not None:
         packed.set_shape([(static_n * TERNGRAD_BITS + 7) // 8])
     return scale, packed
+
+
+def terngrad_encode_seeded(
+    x: tf.Tensor, seed: tf.Tensor, clip: float, tensor_name: str
+) -> tuple[tf.Tensor, tf.Tensor]:
+    """``TFCompress>TernGradEncodeSeeded``: :func:`terngrad_encode` of TensorFlow's noise for ``seed``."""
+    noise = _seeded_noise("TernGradEncodeSeeded", x, seed)
+    return terngrad_encode(x, noise, clip, tensor_name)
+
+
+def _seeded_noise(op: str, x: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
+    """``tf.random.stateless_uniform([size(x)], seed)``, after the kernel's check of ``seed``."""
+    if seed.shape.rank is not None and seed.shape.as_list() not in ([2], [None]):
+        raise invalid_argument(
+            f"{op}: `seed` must be an int64 vector of 2 values, got shape {seed.shape}"
+        )
+    checks = require(
+        tf.equal(tf.size(seed), 2),
+        lambda: [f"{op}: `seed` must be an int64 vector of 2 values, got shape ", tf.shape(seed)],
+    )
+    with tf.control_dependencies(checks):
+        # Always 2 values (a bad seed is padded), so that TensorFlow's own
+        # seed check, with another message, can never fire before ours.
+        seed = tf.concat([tf.reshape(seed, [-1]), tf.zeros([2], tf.int64)], 0)[:2]
+    return tf.random.stateless_uniform([tf.size(x, out_type=tf.int64)], seed=seed)
 
 
 def terngrad_decode(

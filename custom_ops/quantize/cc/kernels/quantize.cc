@@ -39,6 +39,7 @@ namespace functor {
 #define TFC_QUANTIZE_INSTANTIATE_CPU(T)         \
   template struct QsgdEncode<CpuDevice, T>;     \
   template struct QsgdDecode<CpuDevice, T>;     \
+  template struct QsgdDecodeSum<CpuDevice, T>;  \
   template struct TernGradEncode<CpuDevice, T>; \
   template struct TernGradDecode<CpuDevice, T>; \
   template struct SignEncode<CpuDevice, T>;     \
@@ -121,6 +122,26 @@ absl::Status CheckNoise(const char* op, const Tensor& noise, int64_t n) {
   return absl::OkStatus();
 }
 
+// The encoder's noise from its input 1: `noise` (float32 [n], checked by the
+// functor to be in [0, 1)) for QsgdEncode and TernGradEncode, or `seed`
+// (int64 [2], read on the host) for their Seeded twins, whose functors draw
+// tf.random.stateless_uniform([n], seed)'s values themselves.
+absl::Status NoiseOf(const char* op, bool seeded, const Tensor& input,
+                     int64_t n, UniformNoise* noise) {
+  if (!seeded) {
+    TF_RETURN_IF_ERROR(CheckNoise(op, input, n));
+    *noise = GivenNoise(input.flat<float>().data());
+    return absl::OkStatus();
+  }
+  if (!TensorShapeUtils::IsVector(input.shape()) || input.NumElements() != 2) {
+    return InvalidArgument(op, ": `seed` must be an int64 vector of 2 values, ",
+                           "got shape ", input.shape().DebugString());
+  }
+  const auto seed = input.flat<int64_t>();
+  *noise = SeededNoise(seed(0), seed(1));
+  return absl::OkStatus();
+}
+
 absl::Status CheckCodeCount(const char* op, int64_t n, int bits) {
   if (n > MaxCodeCount(bits)) {
     return InvalidArgument(op, ": `x` has too many elements (", n, ")");
@@ -128,14 +149,36 @@ absl::Status CheckCodeCount(const char* op, int64_t n, int bits) {
   return absl::OkStatus();
 }
 
-// Reads `count` and checks the packed stream of `count` codes of `bits` bits:
-// 1-D, exactly PackedCodeBytes(count, bits) bytes, zero padding bits (the
-// last byte is read through `device`).
+// Checks a packed stream of `count` codes of `bits` bits at `data` (device
+// memory, `length` bytes): exactly PackedCodeBytes(count, bits) bytes and
+// zero padding bits (the last byte is read through `device`). `what` names
+// the stream in messages.
 template <typename Device>
-absl::Status CheckPackedStream(const char* op, const Device& device,
-                               const Tensor& packed,
-                               const Tensor& count_tensor, int bits,
-                               int64_t* count) {
+absl::Status CheckPackedBytes(const char* op, const Device& device,
+                              const std::string& what, const uint8_t* data,
+                              int64_t length, int64_t count, int bits) {
+  const int64_t expected = PackedCodeBytes(count, bits);
+  if (length != expected) {
+    return InvalidArgument(op, ": corrupted payload: ", what, " has ", length,
+                           " bytes but count=", count, " codes of ", bits,
+                           " bits need exactly ", expected, " bytes");
+  }
+  const int tail_bits = static_cast<int>((count * bits) % 8);
+  if (tail_bits != 0) {
+    uint8_t last = 0;
+    TF_RETURN_IF_ERROR(CopyToHost(device, data + (length - 1), &last, 1));
+    if ((last >> tail_bits) != 0) {
+      return InvalidArgument(op, ": corrupted payload: the padding bits of the "
+                             "last byte of ", what, " must be zero, got byte ",
+                             static_cast<int>(last));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Reads `count`: a scalar in [0, MaxCodeCount(bits)].
+absl::Status ReadCount(const char* op, const Tensor& count_tensor, int bits,
+                       int64_t* count) {
   if (!TensorShapeUtils::IsScalar(count_tensor.shape())) {
     return InvalidArgument(op, ": `count` must be a scalar, got shape ",
                            count_tensor.shape().DebugString());
@@ -147,30 +190,22 @@ absl::Status CheckPackedStream(const char* op, const Device& device,
   if (*count > MaxCodeCount(bits)) {
     return InvalidArgument(op, ": `count`=", *count, " is too large");
   }
+  return absl::OkStatus();
+}
+
+// Reads `count` and checks the 1-D packed stream of `count` codes.
+template <typename Device>
+absl::Status CheckPackedStream(const char* op, const Device& device,
+                               const Tensor& packed,
+                               const Tensor& count_tensor, int bits,
+                               int64_t* count) {
+  TF_RETURN_IF_ERROR(ReadCount(op, count_tensor, bits, count));
   if (!TensorShapeUtils::IsVector(packed.shape())) {
     return InvalidArgument(op, ": corrupted payload: `packed` must be 1-D, ",
                            "got shape ", packed.shape().DebugString());
   }
-  const int64_t expected = PackedCodeBytes(*count, bits);
-  const int64_t length = packed.NumElements();
-  if (length != expected) {
-    return InvalidArgument(op, ": corrupted payload: `packed` has ", length,
-                           " bytes but count=", *count, " codes of ", bits,
-                           " bits need exactly ", expected, " bytes");
-  }
-  const int tail_bits = static_cast<int>((*count * bits) % 8);
-  if (tail_bits != 0) {
-    uint8_t last = 0;
-    TF_RETURN_IF_ERROR(CopyToHost(
-        device, packed.flat<uint8_t>().data() + (length - 1), &last, 1));
-    if ((last >> tail_bits) != 0) {
-      return InvalidArgument(op,
-                             ": corrupted payload: the padding bits of the "
-                             "last byte of `packed` must be zero, got byte ",
-                             static_cast<int>(last));
-    }
-  }
-  return absl::OkStatus();
+  return CheckPackedBytes(op, device, "`packed`", packed.flat<uint8_t>().data(),
+                          packed.NumElements(), *count, bits);
 }
 
 absl::Status CheckScale(const char* op, const Tensor& scale) {
@@ -202,7 +237,8 @@ absl::Status CheckQsgdAttrs(const char* op, int levels, int64_t bucket_size) {
 
 // --- kernels -----------------------------------------------------------------
 
-template <typename Device, typename T>
+// QsgdEncode (kSeeded false: noise given) or QsgdEncodeSeeded (drawn).
+template <typename Device, typename T, bool kSeeded>
 class QsgdEncodeOp : public OpKernel {
  public:
   explicit QsgdEncodeOp(OpKernelConstruction* context) : OpKernel(context) {
@@ -222,12 +258,13 @@ class QsgdEncodeOp : public OpKernel {
   }
 
   void Compute(OpKernelContext* context) override {
+    const char* op = kSeeded ? "QsgdEncodeSeeded" : "QsgdEncode";
     const Tensor& x = context->input(0);
-    const Tensor& noise = context->input(1);
     const int64_t n = x.NumElements();
     const int bits = QsgdBitsPerElement(options_.levels);
-    OP_REQUIRES_OK(context, CheckCodeCount("QsgdEncode", n, bits));
-    OP_REQUIRES_OK(context, CheckNoise("QsgdEncode", noise, n));
+    OP_REQUIRES_OK(context, CheckCodeCount(op, n, bits));
+    UniformNoise noise;
+    OP_REQUIRES_OK(context, NoiseOf(op, kSeeded, context->input(1), n, &noise));
     const int64_t num_buckets = n == 0 ? 0 : CeilDiv(n, options_.bucket_size);
     Tensor* norms = nullptr;
     OP_REQUIRES_OK(context, context->allocate_output(
@@ -243,13 +280,12 @@ class QsgdEncodeOp : public OpKernel {
                                 context, Functor::ScratchBytes(n, options_),
                                 &temps));
     const Device device = MakeDevice<Device>(context);
-    Functor()(device, options_, FunctorData<T>(x),
-              noise.flat<float>().data(), n, norms->flat<float>().data(),
-              packed->flat<uint8_t>().data(), temps.scratch_data(),
-              temps.error_data());
+    Functor()(device, options_, FunctorData<T>(x), noise, n,
+              norms->flat<float>().data(), packed->flat<uint8_t>().data(),
+              temps.scratch_data(), temps.error_data());
     QuantizeError error;
     OP_REQUIRES_OK(context, ReadError(device, &temps, &error));
-    OP_REQUIRES_OK(context, EncodeStatus("QsgdEncode", tensor_name_, error));
+    OP_REQUIRES_OK(context, EncodeStatus(op, tensor_name_, error));
   }
 
  private:
@@ -321,7 +357,97 @@ class QsgdDecodeOp : public OpKernel {
   int64_t bucket_size_;
 };
 
+// The sum of N QSGD payloads of `count` elements each, decoded in one pass:
+// norms float32 [N, ceil(count / bucket_size)], packed uint8
+// [N, ceil(count * bits / 8)], each row checked as QsgdDecode checks one
+// payload (padding bits, finite non-negative norms, levels).
 template <typename Device, typename T>
+class QsgdDecodeSumOp : public OpKernel {
+ public:
+  explicit QsgdDecodeSumOp(OpKernelConstruction* context) : OpKernel(context) {
+    OP_REQUIRES_OK(context, context->GetAttr("levels", &levels_));
+    OP_REQUIRES_OK(context, context->GetAttr("bucket_size", &bucket_size_));
+    OP_REQUIRES_OK(context,
+                   CheckQsgdAttrs("QsgdDecodeSum", levels_, bucket_size_));
+  }
+
+  void Compute(OpKernelContext* context) override {
+    constexpr char kOp[] = "QsgdDecodeSum";
+    const Tensor& norms = context->input(0);
+    const Tensor& packed = context->input(1);
+    const Tensor& count_tensor = context->input(2);
+    const int bits = QsgdBitsPerElement(levels_);
+    const Device device = MakeDevice<Device>(context);
+    OP_REQUIRES(context, TensorShapeUtils::IsMatrix(norms.shape()),
+                InvalidArgument(kOp, ": corrupted payload: `norms` must be 2-D "
+                                "[payloads, buckets], got shape ",
+                                norms.shape().DebugString()));
+    OP_REQUIRES(context, TensorShapeUtils::IsMatrix(packed.shape()),
+                InvalidArgument(kOp, ": corrupted payload: `packed` must be "
+                                "2-D [payloads, bytes], got shape ",
+                                packed.shape().DebugString()));
+    const int64_t num_payloads = packed.dim_size(0);
+    OP_REQUIRES(context, num_payloads >= 1 && norms.dim_size(0) == num_payloads,
+                InvalidArgument(kOp, ": `norms` and `packed` must hold the ",
+                                "same number (>= 1) of payloads, got ",
+                                norms.dim_size(0), " and ", num_payloads));
+    int64_t count = 0;
+    OP_REQUIRES_OK(context, ReadCount(kOp, count_tensor, bits, &count));
+    const int64_t row_bytes = packed.dim_size(1);
+    for (int64_t p = 0; p < num_payloads; ++p) {
+      OP_REQUIRES_OK(context,
+                     CheckPackedBytes(kOp, device,
+                                      absl::StrCat("`packed[", p, "]`"),
+                                      packed.flat<uint8_t>().data() +
+                                          p * row_bytes,
+                                      row_bytes, count, bits));
+    }
+    const int64_t num_buckets = count == 0 ? 0 : CeilDiv(count, bucket_size_);
+    OP_REQUIRES(context, norms.dim_size(1) == num_buckets,
+                InvalidArgument(kOp, ": corrupted payload: `norms` has ",
+                                norms.dim_size(1), " values per payload but ",
+                                "count=", count, " with bucket_size=",
+                                bucket_size_, " needs exactly ", num_buckets));
+    const int64_t total = num_payloads * num_buckets;
+    std::vector<float> norm_values(total);
+    OP_REQUIRES_OK(context, CopyToHost(device, norms.flat<float>().data(),
+                                       norm_values.data(),
+                                       total * sizeof(float)));
+    for (int64_t b = 0; b < total; ++b) {
+      const float norm = norm_values[b];
+      OP_REQUIRES(context, std::isfinite(norm) && norm >= 0,
+                  InvalidArgument(kOp, ": corrupted payload: `norms[",
+                                  b / std::max<int64_t>(num_buckets, 1), ", ",
+                                  b % std::max<int64_t>(num_buckets, 1),
+                                  "]` = ", norm,
+                                  " is not a finite non-negative number"));
+    }
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(context,
+                   context->allocate_output(0, TensorShape({count}), &out));
+    if (count == 0) return;
+    FunctorTemps temps;
+    OP_REQUIRES_OK(context, AllocateTemps(context, 0, &temps));
+    functor::QsgdDecodeSum<Device, FunctorType<T>>()(
+        device, levels_, bucket_size_, num_payloads,
+        norms.flat<float>().data(), packed.flat<uint8_t>().data(), count,
+        FunctorData<T>(out), temps.error_data());
+    QuantizeError error;
+    OP_REQUIRES_OK(context, ReadError(device, &temps, &error));
+    OP_REQUIRES(context, error.code == kQuantizeOk,
+                InvalidArgument(kOp, ": corrupted payload: element ",
+                                error.index % count, " of payload ",
+                                error.index / count,
+                                " has a level above levels=", levels_));
+  }
+
+ private:
+  int levels_;
+  int64_t bucket_size_;
+};
+
+// TernGradEncode (kSeeded false: noise given) or TernGradEncodeSeeded.
+template <typename Device, typename T, bool kSeeded>
 class TernGradEncodeOp : public OpKernel {
  public:
   explicit TernGradEncodeOp(OpKernelConstruction* context) : OpKernel(context) {
@@ -333,11 +459,12 @@ class TernGradEncodeOp : public OpKernel {
   }
 
   void Compute(OpKernelContext* context) override {
+    const char* op = kSeeded ? "TernGradEncodeSeeded" : "TernGradEncode";
     const Tensor& x = context->input(0);
-    const Tensor& noise = context->input(1);
     const int64_t n = x.NumElements();
-    OP_REQUIRES_OK(context, CheckCodeCount("TernGradEncode", n, kTernGradBits));
-    OP_REQUIRES_OK(context, CheckNoise("TernGradEncode", noise, n));
+    OP_REQUIRES_OK(context, CheckCodeCount(op, n, kTernGradBits));
+    UniformNoise noise;
+    OP_REQUIRES_OK(context, NoiseOf(op, kSeeded, context->input(1), n, &noise));
     Tensor* scale = nullptr;
     OP_REQUIRES_OK(context,
                    context->allocate_output(0, TensorShape({}), &scale));
@@ -350,13 +477,12 @@ class TernGradEncodeOp : public OpKernel {
     OP_REQUIRES_OK(context,
                    AllocateTemps(context, Functor::ScratchBytes(n), &temps));
     const Device device = MakeDevice<Device>(context);
-    Functor()(device, clip_, FunctorData<T>(x), noise.flat<float>().data(), n,
+    Functor()(device, clip_, FunctorData<T>(x), noise, n,
               scale->scalar<float>().data(), packed->flat<uint8_t>().data(),
               temps.scratch_data(), temps.error_data());
     QuantizeError error;
     OP_REQUIRES_OK(context, ReadError(device, &temps, &error));
-    OP_REQUIRES_OK(context,
-                   EncodeStatus("TernGradEncode", tensor_name_, error));
+    OP_REQUIRES_OK(context, EncodeStatus(op, tensor_name_, error));
   }
 
  private:
@@ -462,7 +588,17 @@ class SignDecodeOp : public OpKernel {
   REGISTER_KERNEL_BUILDER(Name(TFCOMPRESS_OP_NAME("QsgdEncode"))       \
                               .Device(DEVICE)                          \
                               .TypeConstraint<T>("T"),                 \
-                          QsgdEncodeOp<DEVICE_TYPE, T>);               \
+                          QsgdEncodeOp<DEVICE_TYPE, T, false>);        \
+  REGISTER_KERNEL_BUILDER(Name(TFCOMPRESS_OP_NAME("QsgdEncodeSeeded")) \
+                              .Device(DEVICE)                          \
+                              .HostMemory("seed")                      \
+                              .TypeConstraint<T>("T"),                 \
+                          QsgdEncodeOp<DEVICE_TYPE, T, true>);         \
+  REGISTER_KERNEL_BUILDER(Name(TFCOMPRESS_OP_NAME("QsgdDecodeSum"))    \
+                              .Device(DEVICE)                          \
+                              .HostMemory("count")                     \
+                              .TypeConstraint<T>("T"),                 \
+                          QsgdDecodeSumOp<DEVICE_TYPE, T>);            \
   REGISTER_KERNEL_BUILDER(Name(TFCOMPRESS_OP_NAME("QsgdDecode"))       \
                               .Device(DEVICE)                          \
                               .HostMemory("count")                     \
@@ -471,7 +607,12 @@ class SignDecodeOp : public OpKernel {
   REGISTER_KERNEL_BUILDER(Name(TFCOMPRESS_OP_NAME("TernGradEncode"))   \
                               .Device(DEVICE)                          \
                               .TypeConstraint<T>("T"),                 \
-                          TernGradEncodeOp<DEVICE_TYPE, T>);           \
+                          TernGradEncodeOp<DEVICE_TYPE, T, false>);    \
+  REGISTER_KERNEL_BUILDER(Name(TFCOMPRESS_OP_NAME("TernGradEncodeSeeded")) \
+                              .Device(DEVICE)                          \
+                              .HostMemory("seed")                      \
+                              .TypeConstraint<T>("T"),                 \
+                          TernGradEncodeOp<DEVICE_TYPE, T, true>);     \
   REGISTER_KERNEL_BUILDER(Name(TFCOMPRESS_OP_NAME("TernGradDecode"))   \
                               .Device(DEVICE)                          \
                               .HostMemory("scale")                     \

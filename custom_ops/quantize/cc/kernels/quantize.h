@@ -56,6 +56,7 @@
 #include "common/cc/bit_stream.h"
 #include "common/cc/device.h"
 #include "common/cc/float16_types.h"
+#include "common/cc/philox.h"
 
 namespace tensorflow {
 namespace tfcompress {
@@ -257,6 +258,68 @@ TFC_HOST_DEVICE inline uint32_t TernGradCode(C value, C bound, C scale,
 // Whether a noise value is usable: in [0, 1) (NaN is not).
 TFC_HOST_DEVICE inline bool NoiseValid(float u) { return u >= 0.0f && u < 1.0f; }
 
+// The uniform noise of a stochastic encoder (QSGD, TernGrad), one float per
+// element: either given (`values`, n floats that the encoder checks to be in
+// [0, 1)) or, when `values` is null, drawn by the encoder itself from
+// `stream`: element i is StatelessUniformFloat(stream, i), element i of
+// tf.random.stateless_uniform([n], seed) for the seed the stream was made
+// from (philox.h), always in [0, 1). Drawing in the encoder saves writing
+// and reading back 4 bytes per element; the payload is bit-identical to the
+// one encoded from the noise tensor TensorFlow draws for the same seed.
+struct UniformNoise {
+  const float* values;
+  PhiloxStream stream;
+
+  TFC_HOST_DEVICE float At(int64_t i) const {
+    return values != nullptr
+               ? values[i]
+               : StatelessUniformFloat(stream, static_cast<uint64_t>(i));
+  }
+};
+
+// Noise given as n float values.
+TFC_HOST_DEVICE inline UniformNoise GivenNoise(const float* values) {
+  UniformNoise noise;
+  noise.values = values;
+  noise.stream = PhiloxStreamOfSeed(0, 0);
+  return noise;
+}
+
+// Noise drawn as tf.random.stateless_uniform(seed=[seed0, seed1]) draws it.
+TFC_HOST_DEVICE inline UniformNoise SeededNoise(int64_t seed0, int64_t seed1) {
+  UniformNoise noise;
+  noise.values = nullptr;
+  noise.stream = PhiloxStreamOfSeed(seed0, seed1);
+  return noise;
+}
+
+// How the decoders' sums over payloads add values of T: in T's compute type
+// (float32 for half, bfloat16 and float; float64 for double), in payload
+// order, rounded to T once at the end (to +-inf past T's range, as a
+// TensorFlow cast does). For float and double that is T's own sequential
+// sum, which is also what tf.reduce_sum over a stacked axis of up to 8
+// payloads computes (measured on TensorFlow 2.21; from 9 payloads on, and
+// for half, TensorFlow's order depends on the shape).
+template <typename T>
+struct PayloadSum {
+  using Accumulator = typename ComputeType<T>::type;
+  TFC_HOST_DEVICE static Accumulator Start(T value) {
+    return ToCompute(value);
+  }
+  TFC_HOST_DEVICE static Accumulator Add(Accumulator sum, T value) {
+    return sum + ToCompute(value);
+  }
+  TFC_HOST_DEVICE static T Finish(Accumulator sum) {
+    if constexpr (std::is_same_v<T, Half>) {
+      return FloatToHalf(sum);
+    } else if constexpr (std::is_same_v<T, BFloat16>) {
+      return FloatToBFloat16(sum);
+    } else {
+      return sum;
+    }
+  }
+};
+
 // `count` leaves cut into rows of `row_length` (the last may be shorter),
 // each row padded to `padded` leaves (a power of two) and cut into blocks of
 // `block` = min(padded, kSumBlock) leaves, each a complete subtree of the
@@ -307,9 +370,9 @@ namespace functor {
 
 // QsgdEncode: fills norms [ceil(n / bucket_size)] and packed
 // [PackedCodeBytes(n, QsgdBitsPerElement(levels))] from n > 0 values of x and
-// n noise values. Errors: kNonFiniteInput, kBeyondFloatRange (double input),
-// kNoiseOutOfRange. `scratch` has ScratchBytes(n, options) bytes of device
-// memory.
+// their noise. Errors: kNonFiniteInput, kBeyondFloatRange (double input),
+// kNoiseOutOfRange (given noise only). `scratch` has ScratchBytes(n, options)
+// bytes of device memory.
 template <typename Device, typename T>
 struct QsgdEncode;
 
@@ -319,9 +382,21 @@ struct QsgdEncode;
 template <typename Device, typename T>
 struct QsgdDecode;
 
+// QsgdDecodeSum: the sum of `num_payloads` >= 1 payloads of n > 0 elements
+// each, in one pass: payload p has norms[p * B, (p + 1) * B) with
+// B = ceil(n / bucket_size) and packed[p * P, (p + 1) * P) with
+// P = PackedCodeBytes(n, bits), all validated as for QsgdDecode.
+// out[i] = ((d_0[i] + d_1[i]) + d_2[i]) + ..., each d_p[i] the QsgdDecode
+// value of payload p (in T), added in payload order in T's compute type and
+// rounded to T once (PayloadSum above). Errors: kInvalidCode, index
+// p * n + i of the first invalid code.
+template <typename Device, typename T>
+struct QsgdDecodeSum;
+
 // TernGradEncode: writes *scale and PackedCodeBytes(n, kTernGradBits) bytes
 // of codes for n >= 0 values (scale 0 when n = 0). clip <= 0 disables
-// clipping. Errors: kNonFiniteInput, kBeyondFloatRange, kNoiseOutOfRange.
+// clipping. Errors: kNonFiniteInput, kBeyondFloatRange, kNoiseOutOfRange
+// (given noise only).
 template <typename Device, typename T>
 struct TernGradEncode;
 
@@ -345,8 +420,8 @@ struct SignDecode;
   struct QsgdEncode<DEVICE, T> {                                              \
     static int64_t ScratchBytes(int64_t n, const QsgdOptions& options);       \
     void operator()(const DEVICE& device, const QsgdOptions& options,         \
-                    const T* x, const float* noise, int64_t n, float* norms,  \
-                    uint8_t* packed, void* scratch,                           \
+                    const T* x, const UniformNoise& noise, int64_t n,         \
+                    float* norms, uint8_t* packed, void* scratch,             \
                     QuantizeError* error) const;                              \
   };                                                                          \
   template <typename T>                                                       \
@@ -356,10 +431,17 @@ struct SignDecode;
                     T* x_hat, QuantizeError* error) const;                    \
   };                                                                          \
   template <typename T>                                                       \
+  struct QsgdDecodeSum<DEVICE, T> {                                           \
+    void operator()(const DEVICE& device, int levels, int64_t bucket_size,    \
+                    int64_t num_payloads, const float* norms,                 \
+                    const uint8_t* packed, int64_t n, T* out,                 \
+                    QuantizeError* error) const;                              \
+  };                                                                          \
+  template <typename T>                                                       \
   struct TernGradEncode<DEVICE, T> {                                          \
     static int64_t ScratchBytes(int64_t n);                                   \
     void operator()(const DEVICE& device, float clip, const T* x,             \
-                    const float* noise, int64_t n, float* scale,              \
+                    const UniformNoise& noise, int64_t n, float* scale,       \
                     uint8_t* packed, void* scratch,                           \
                     QuantizeError* error) const;                              \
   };                                                                          \
@@ -394,6 +476,7 @@ TFC_QUANTIZE_DECLARE_FUNCTORS(GpuDevice);
 #define TFC_QUANTIZE_EXTERN_GPU(T)                \
   extern template struct QsgdEncode<GpuDevice, T>;     \
   extern template struct QsgdDecode<GpuDevice, T>;     \
+  extern template struct QsgdDecodeSum<GpuDevice, T>;  \
   extern template struct TernGradEncode<GpuDevice, T>; \
   extern template struct TernGradDecode<GpuDevice, T>; \
   extern template struct SignEncode<GpuDevice, T>;     \

@@ -9,9 +9,14 @@
 //    kSumBlock leaves that never straddle a bucket; each block is one
 //    complete subtree of the pairwise tree (see quantize.h), so the blocks'
 //    sums are combined afterwards without changing a single bit;
-//  * encoding and packing run over byte groups (ByteGroupOf: 8 / gcd(bits, 8)
-//    codes filling whole bytes) through the one bit stream's BitWriter /
-//    BitReader, so ranges never share a byte.
+//  * encoding and packing run over chunks of kCodeChunk codes (a multiple of
+//    8, so chunks start on byte boundaries and threads never share a byte):
+//    codes are computed into a chunk buffer, then packed 8 at a time by the
+//    bit stream's PackGroup8 / UnpackGroup8 (constant shifts), the stream's
+//    last < 8 codes by its BitWriter / BitReader;
+//  * drawn noise (UniformNoise without values) is generated per chunk, one
+//    Philox block per 4 elements, into the chunk's buffer: no array of n
+//    noise values is ever written or read.
 
 #ifndef TFCOMPRESS_QUANTIZE_CC_KERNELS_QUANTIZE_CPU_H_
 #define TFCOMPRESS_QUANTIZE_CC_KERNELS_QUANTIZE_CPU_H_
@@ -21,6 +26,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "common/cc/bit_stream.h"
@@ -94,10 +100,23 @@ int64_t RowMaxAbs(const CpuDevice& device, const RowLayout& layout,
       const int64_t end = layout.BlockEnd(unit);
       double largest = 0.0;
       int finite = 1;  // a branch-free scan; NaN fails `<=` like Inf
-      for (int64_t i = begin; i < end; ++i) {
-        const double magnitude = std::abs(ToDouble(x[i]));
-        finite &= magnitude <= std::numeric_limits<double>::max();
-        largest = std::max(largest, magnitude);
+      if constexpr (std::is_same_v<T, float>) {
+        // On the bits: |x| as an integer orders like |x| (NaN above +inf),
+        // so one integer max (which vectorises) gives both the largest
+        // magnitude and whether every value is finite.
+        uint32_t largest_bits = 0;
+        for (int64_t i = begin; i < end; ++i) {
+          const uint32_t bits = BitsOfFloat(x[i]) & 0x7FFFFFFFu;
+          largest_bits = largest_bits > bits ? largest_bits : bits;
+        }
+        finite = largest_bits < 0x7F800000u;
+        largest = finite ? static_cast<double>(FloatOfBits(largest_bits)) : 0.0;
+      } else {
+        for (int64_t i = begin; i < end; ++i) {
+          const double magnitude = std::abs(ToDouble(x[i]));
+          finite &= magnitude <= std::numeric_limits<double>::max();
+          largest = std::max(largest, magnitude);
+        }
       }
       if (!finite) {
         for (int64_t i = begin; i < end; ++i) {
@@ -118,32 +137,86 @@ int64_t RowMaxAbs(const CpuDevice& device, const RowLayout& layout,
   return first_bad.load();
 }
 
+// Calls body(std::integral_constant<int, BITS>()) for BITS = bits when bits
+// is 1 to 9 (every width of the quantize ops: signs 1, TernGrad 2, QSGD 2 to
+// 9); returns false, calling nothing, for other widths.
+template <typename Body>
+inline bool WithStaticBits(int bits, const Body& body) {
+  switch (bits) {
+    case 1: body(std::integral_constant<int, 1>()); return true;
+    case 2: body(std::integral_constant<int, 2>()); return true;
+    case 3: body(std::integral_constant<int, 3>()); return true;
+    case 4: body(std::integral_constant<int, 4>()); return true;
+    case 5: body(std::integral_constant<int, 5>()); return true;
+    case 6: body(std::integral_constant<int, 6>()); return true;
+    case 7: body(std::integral_constant<int, 7>()); return true;
+    case 8: body(std::integral_constant<int, 8>()); return true;
+    case 9: body(std::integral_constant<int, 9>()); return true;
+    default: return false;
+  }
+}
+
+// Packs codes[0, count) (count <= kCodeChunk) of `bits` bits to `out`, a
+// byte boundary: whole groups of 8 codes through PackGroup8 (constant shifts,
+// 4-byte stores) when bits is 1 to 9, the rest (< 8 codes, only at the end of
+// a stream, or every code of a wider width) through a BitWriter, which also
+// writes the partial last byte with zero padding bits.
+inline void WriteCodes(const uint32_t* codes, int64_t count, int bits,
+                       uint8_t* out) {
+  int64_t done = 0;
+  WithStaticBits(bits, [&](auto width) {
+    constexpr int kBits = decltype(width)::value;
+    const int64_t groups = count / 8;
+    for (int64_t g = 0; g < groups; ++g) {
+      PackGroup8<kBits>(codes + 8 * g, out + kBits * g);
+    }
+    done = 8 * groups;
+  });
+  BitWriter writer(out + done / 8 * bits);
+  for (int64_t k = done; k < count; ++k) writer.Put(codes[k], bits);
+  writer.Finish();
+}
+
+// Reads codes [begin, end) (end - begin <= kCodeChunk, begin a multiple of
+// 8) of a stream of `bits`-bit codes into codes[0, end - begin), the same
+// way; never reads past byte PackedCodeBytes(end, bits).
+inline void ReadCodes(const uint8_t* in_base, int64_t begin, int64_t end,
+                      int bits, uint32_t* codes) {
+  const uint8_t* in = in_base + begin / 8 * bits;
+  const int64_t count = end - begin;
+  int64_t done = 0;
+  WithStaticBits(bits, [&](auto width) {
+    constexpr int kBits = decltype(width)::value;
+    const int64_t groups = count / 8;
+    for (int64_t g = 0; g < groups; ++g) {
+      UnpackGroup8<kBits>(in + kBits * g, codes + 8 * g);
+    }
+    done = 8 * groups;
+  });
+  BitReader reader(in + done / 8 * bits);
+  for (int64_t k = done; k < count; ++k) codes[k] = reader.Get(bits);
+}
+
 // Packs n codes of `bits` bits (bitpack layout). encode(begin, end, codes)
 // writes the codes of elements [begin, end) (at most kCodeChunk) to codes.
+// Threads split the stream at multiples of kCodeChunk codes, which are byte
+// boundaries, so no two threads share a byte.
 template <typename EncodeRange>
 void PackCodes(const CpuDevice& device, int64_t n, int bits,
                int64_t cost_per_code, const EncodeRange& encode,
                uint8_t* out_base) {
-  const ByteGroup geometry = ByteGroupOf(bits);
-  const int64_t num_groups = CeilDiv(n, geometry.codes);
-  auto work = [&](int64_t begin_group, int64_t end_group) {
-    const int64_t begin = begin_group * geometry.codes;
-    const int64_t end = std::min(n, end_group * geometry.codes);
-    uint8_t* out = out_base + begin_group * geometry.bytes;
+  static_assert(kCodeChunk % 8 == 0, "chunks start on byte boundaries");
+  const int64_t num_chunks = CeilDiv(n, kCodeChunk);
+  auto work = [&](int64_t begin_chunk, int64_t end_chunk) {
     uint32_t codes[kCodeChunk];
-    BitWriter writer(out);
-    for (int64_t chunk = begin; chunk < end; chunk += kCodeChunk) {
-      const int64_t chunk_end = std::min(end, chunk + kCodeChunk);
-      encode(chunk, chunk_end, codes);
-      for (int64_t k = 0; k < chunk_end - chunk; ++k) {
-        writer.Put(codes[k], bits);
-      }
+    for (int64_t chunk = begin_chunk; chunk < end_chunk; ++chunk) {
+      const int64_t begin = chunk * kCodeChunk;
+      const int64_t end = std::min(n, begin + kCodeChunk);
+      encode(begin, end, codes);
+      WriteCodes(codes, end - begin, bits, out_base + begin / 8 * bits);
     }
-    // Only the range at the end of the stream stops mid-byte; its padding
-    // bits come out zero.
-    writer.Finish();
   };
-  ParallelFor(device, num_groups, cost_per_code * geometry.codes, work);
+  ParallelFor(device, num_chunks, cost_per_code * kCodeChunk, work);
 }
 
 // Reads n codes of `bits` bits and hands them to decode(begin, end, codes)
@@ -153,23 +226,17 @@ template <typename DecodeRange>
 void UnpackCodes(const CpuDevice& device, int64_t n, int bits,
                  int64_t cost_per_code, const uint8_t* in_base,
                  const DecodeRange& decode) {
-  const ByteGroup geometry = ByteGroupOf(bits);
-  const int64_t num_groups = CeilDiv(n, geometry.codes);
-  auto work = [&](int64_t begin_group, int64_t end_group) {
-    const int64_t begin = begin_group * geometry.codes;
-    const int64_t end = std::min(n, end_group * geometry.codes);
-    const uint8_t* in = in_base + begin_group * geometry.bytes;
+  const int64_t num_chunks = CeilDiv(n, kCodeChunk);
+  auto work = [&](int64_t begin_chunk, int64_t end_chunk) {
     uint32_t codes[kCodeChunk];
-    BitReader reader(in);
-    for (int64_t chunk = begin; chunk < end; chunk += kCodeChunk) {
-      const int64_t chunk_end = std::min(end, chunk + kCodeChunk);
-      for (int64_t k = 0; k < chunk_end - chunk; ++k) {
-        codes[k] = reader.Get(bits);
-      }
-      decode(chunk, chunk_end, codes);
+    for (int64_t chunk = begin_chunk; chunk < end_chunk; ++chunk) {
+      const int64_t begin = chunk * kCodeChunk;
+      const int64_t end = std::min(n, begin + kCodeChunk);
+      ReadCodes(in_base, begin, end, bits, codes);
+      decode(begin, end, codes);
     }
   };
-  ParallelFor(device, num_groups, cost_per_code * geometry.codes, work);
+  ParallelFor(device, num_chunks, cost_per_code * kCodeChunk, work);
 }
 
 // Cuts [begin, end) at bucket boundaries: body(segment_begin, segment_end,
@@ -204,6 +271,58 @@ inline bool NoiseInRange(const float* noise, int64_t begin, int64_t end,
   return false;
 }
 
+// The noise of elements [begin, end) (at most kCodeChunk): a pointer into
+// the given values, checked to be in [0, 1) (false, with the first bad index
+// recorded, when one is not), or the drawn values written to `buffer`, one
+// Philox block per 4 elements (always valid).
+inline bool ChunkNoise(const UniformNoise& noise, int64_t begin, int64_t end,
+                       float* buffer, const float** out,
+                       std::atomic<int64_t>* first_bad) {
+  if (noise.values != nullptr) {
+    *out = noise.values + begin;
+    return NoiseInRange(noise.values, begin, end, first_bad);
+  }
+  // Chunks start at multiples of kCodeChunk, so blocks line up with the
+  // buffer: block b holds elements [begin + 4 b, begin + 4 b + 4).
+  static_assert(kCodeChunk % 4 == 0, "chunks start on Philox blocks");
+  const int64_t count = end - begin;
+  const int64_t blocks = CeilDiv(count, 4);
+  uint32_t words[kCodeChunk];
+  PhiloxWords(noise.stream, static_cast<uint64_t>(begin) / 4, blocks, words);
+  for (int64_t k = 0; k < count; ++k) buffer[k] = UniformFloatOfBits(words[k]);
+  *out = buffer;
+  return true;
+}
+
+// Writes QsgdValue<T>(codes[k], step) to out[k] for k < count and returns
+// the largest level seen. For float the body is branch-free integer and
+// float arithmetic (the sign and the saturation at FLT_MAX on the bits of
+// the magnitude), which the compiler vectorises; the values are the same
+// bits as QsgdValue's (negation and the clamp of +inf are exact).
+template <typename T>
+inline uint32_t DecodeSegment(const uint32_t* codes, int64_t count,
+                              typename ComputeType<T>::type step, T* out) {
+  uint32_t largest = 0;
+  if constexpr (std::is_same_v<T, float>) {
+    for (int64_t k = 0; k < count; ++k) {
+      const uint32_t code = codes[k];
+      const uint32_t level = code >> 1;
+      largest = largest > level ? largest : level;
+      const float magnitude =
+          static_cast<float>(static_cast<int32_t>(level)) * step;
+      uint32_t bits = BitsOfFloat(magnitude);
+      bits = bits < 0x7F800000u ? bits : 0x7F7FFFFFu;
+      out[k] = FloatOfBits(bits | ((code & 1u) << 31));
+    }
+  } else {
+    for (int64_t k = 0; k < count; ++k) {
+      largest = std::max(largest, codes[k] >> 1);
+      out[k] = QsgdValue<T>(codes[k], step);
+    }
+  }
+  return largest;
+}
+
 inline void SetError(QuantizeError* error, int32_t code, int64_t index,
                      double value) {
   error->code = code;
@@ -224,7 +343,8 @@ int64_t QsgdEncode<CpuDevice, T>::ScratchBytes(int64_t /*n*/,
 template <typename T>
 void QsgdEncode<CpuDevice, T>::operator()(const CpuDevice& device,
                                           const QsgdOptions& options,
-                                          const T* x, const float* noise,
+                                          const T* x,
+                                          const UniformNoise& noise,
                                           int64_t n, float* norms,
                                           uint8_t* packed, void* /*scratch*/,
                                           QuantizeError* error) const {
@@ -271,18 +391,22 @@ void QsgdEncode<CpuDevice, T>::operator()(const CpuDevice& device,
 
   std::atomic<int64_t> bad_noise{n};
   auto encode = [&](int64_t begin, int64_t end, uint32_t* codes) {
+    float drawn[kCodeChunk];
+    const float* u = nullptr;
+    const bool valid = ChunkNoise(noise, begin, end, drawn, &u, &bad_noise);
     ForEachBucketSegment(
         begin, end, options.bucket_size,
         [&](int64_t first, int64_t stop, int64_t bucket) {
           uint32_t* out = codes + (first - begin);
+          const float* u_first = u + (first - begin);
           const C step = steps[bucket];
-          if (!NoiseInRange(noise, first, stop, &bad_noise) || !(step > 0)) {
+          if (!valid || !(step > 0)) {
             std::fill(out, out + (stop - first), 0u);
             return;
           }
           for (int64_t i = first; i < stop; ++i) {
-            out[i - first] = QsgdCode(ToCompute(x[i]), step, noise[i],
-                                      max_level);
+            out[i - first] = QsgdCode(ToCompute(x[i]), step,
+                                      u_first[i - first], max_level);
           }
         });
   };
@@ -290,7 +414,7 @@ void QsgdEncode<CpuDevice, T>::operator()(const CpuDevice& device,
             packed);
   if (bad_noise.load() < n) {
     SetError(error, kNoiseOutOfRange, bad_noise.load(),
-             noise[bad_noise.load()]);
+             noise.values[bad_noise.load()]);
   }
 }
 
@@ -315,13 +439,9 @@ void QsgdDecode<CpuDevice, T>::operator()(const CpuDevice& device, int levels,
     ForEachBucketSegment(
         begin, end, bucket_size,
         [&](int64_t first, int64_t stop, int64_t bucket) {
-          const C step = steps[bucket];
-          uint32_t largest = 0;
-          for (int64_t i = first; i < stop; ++i) {
-            const uint32_t code = codes[i - begin];
-            largest = std::max(largest, code >> 1);
-            x_hat[i] = QsgdValue<T>(code, step);
-          }
+          const uint32_t largest =
+              DecodeSegment<T>(codes + (first - begin), stop - first,
+                               steps[bucket], x_hat + first);
           if (largest > max_level) {
             for (int64_t i = first; i < stop; ++i) {
               if ((codes[i - begin] >> 1) > max_level) {
@@ -339,13 +459,81 @@ void QsgdDecode<CpuDevice, T>::operator()(const CpuDevice& device, int levels,
 }
 
 template <typename T>
+void QsgdDecodeSum<CpuDevice, T>::operator()(
+    const CpuDevice& device, int levels, int64_t bucket_size,
+    int64_t num_payloads, const float* norms, const uint8_t* packed, int64_t n,
+    T* out, QuantizeError* error) const {
+  using namespace quantize_internal;  // NOLINT(build/namespaces)
+  using C = typename ComputeType<T>::type;
+  SetError(error, kQuantizeOk, 0, 0.0);
+  const int bits = QsgdBitsPerElement(levels);
+  const int64_t num_buckets = CeilDiv(n, bucket_size);
+  const int64_t payload_bytes = PackedCodeBytes(n, bits);
+  std::vector<C> steps(num_payloads * num_buckets);
+  for (int64_t b = 0; b < num_payloads * num_buckets; ++b) {
+    steps[b] = static_cast<C>(norms[b]) / static_cast<C>(levels);
+  }
+  const uint32_t max_level = static_cast<uint32_t>(levels);
+  std::atomic<int64_t> first_bad{num_payloads * n};
+  const int64_t num_chunks = CeilDiv(n, kCodeChunk);
+  using Sum = PayloadSum<T>;
+  auto work = [&](int64_t begin_chunk, int64_t end_chunk) {
+    uint32_t codes[kCodeChunk];
+    T decoded[kCodeChunk];
+    typename Sum::Accumulator sum[kCodeChunk];
+    for (int64_t chunk = begin_chunk; chunk < end_chunk; ++chunk) {
+      const int64_t begin = chunk * kCodeChunk;
+      const int64_t end = std::min(n, begin + kCodeChunk);
+      for (int64_t p = 0; p < num_payloads; ++p) {
+        ReadCodes(packed + p * payload_bytes, begin, end, bits, codes);
+        const C* payload_steps = steps.data() + p * num_buckets;
+        ForEachBucketSegment(
+            begin, end, bucket_size,
+            [&](int64_t first, int64_t stop, int64_t bucket) {
+              const uint32_t* c = codes + (first - begin);
+              const int64_t count = stop - first;
+              T* values = decoded + (first - begin);
+              const uint32_t largest =
+                  DecodeSegment<T>(c, count, payload_steps[bucket], values);
+              auto* s = sum + (first - begin);
+              if (p == 0) {
+                for (int64_t k = 0; k < count; ++k) {
+                  s[k] = Sum::Start(values[k]);
+                }
+              } else {
+                for (int64_t k = 0; k < count; ++k) {
+                  s[k] = Sum::Add(s[k], values[k]);
+                }
+              }
+              if (largest > max_level) {
+                for (int64_t k = 0; k < stop - first; ++k) {
+                  if ((c[k] >> 1) > max_level) {
+                    RecordFirst(&first_bad, p * n + first + k);
+                    break;
+                  }
+                }
+              }
+            });
+      }
+      for (int64_t k = 0; k < end - begin; ++k) {
+        out[begin + k] = Sum::Finish(sum[k]);
+      }
+    }
+  };
+  ParallelFor(device, num_chunks, (4 + 6 * num_payloads) * kCodeChunk, work);
+  if (first_bad.load() < num_payloads * n) {
+    SetError(error, kInvalidCode, first_bad.load(), 0.0);
+  }
+}
+
+template <typename T>
 int64_t TernGradEncode<CpuDevice, T>::ScratchBytes(int64_t /*n*/) {
   return 0;
 }
 
 template <typename T>
 void TernGradEncode<CpuDevice, T>::operator()(
-    const CpuDevice& device, float clip, const T* x, const float* noise,
+    const CpuDevice& device, float clip, const T* x, const UniformNoise& noise,
     int64_t n, float* scale, uint8_t* packed, void* /*scratch*/,
     QuantizeError* error) const {
   using namespace quantize_internal;  // NOLINT(build/namespaces)
@@ -390,19 +578,22 @@ void TernGradEncode<CpuDevice, T>::operator()(
 
   std::atomic<int64_t> bad_noise{n};
   auto encode = [&](int64_t begin, int64_t end, uint32_t* codes) {
-    if (!NoiseInRange(noise, begin, end, &bad_noise) || !(scale_c > 0)) {
+    float drawn[kCodeChunk];
+    const float* u = nullptr;
+    if (!ChunkNoise(noise, begin, end, drawn, &u, &bad_noise) ||
+        !(scale_c > 0)) {
       std::fill(codes, codes + (end - begin), 0u);
       return;
     }
     for (int64_t i = begin; i < end; ++i) {
       codes[i - begin] = TernGradCode(ToCompute(x[i]), bound, scale_c,
-                                      noise[i]);
+                                      u[i - begin]);
     }
   };
   PackCodes(device, n, kTernGradBits, 20, encode, packed);
   if (bad_noise.load() < n) {
     SetError(error, kNoiseOutOfRange, bad_noise.load(),
-             noise[bad_noise.load()]);
+             noise.values[bad_noise.load()]);
   }
 }
 

@@ -251,7 +251,7 @@ __global__ void QsgdNormsKernel(int64_t buckets, bool l2,
 
 template <typename T>
 __global__ void QsgdEncodeKernel(const T* __restrict__ x,
-                                 const float* __restrict__ noise, int64_t n,
+                                 const UniformNoise noise, int64_t n,
                                  int64_t bucket_size, int levels,
                                  const float* __restrict__ norms,
                                  uint8_t* __restrict__ packed,
@@ -267,7 +267,7 @@ __global__ void QsgdEncodeKernel(const T* __restrict__ x,
     const int64_t end = begin + group.codes < n ? begin + group.codes : n;
     BitWriter writer(packed + g * group.bytes);
     for (int64_t i = begin; i < end; ++i) {
-      const float u = noise[i];
+      const float u = noise.At(i);
       const C step =
           static_cast<C>(norms[i / bucket_size]) / static_cast<C>(levels);
       uint32_t code = 0;
@@ -286,7 +286,7 @@ __global__ void QsgdEncodeKernel(const T* __restrict__ x,
 template <typename T>
 __global__ void ResolveEncodeErrorKernel(const int64_t* slots, int64_t n,
                                          int64_t rows, const T* x,
-                                         const float* noise,
+                                         const UniformNoise noise,
                                          const double* range_values,
                                          QuantizeError* error) {
   QuantizeError e = {kQuantizeOk, 0, 0.0};
@@ -295,7 +295,10 @@ __global__ void ResolveEncodeErrorKernel(const int64_t* slots, int64_t n,
   } else if (slots[1] < rows) {
     e = {kBeyondFloatRange, slots[1], range_values[slots[1]]};
   } else if (slots[2] < n) {
-    e = {kNoiseOutOfRange, slots[2], static_cast<double>(noise[slots[2]])};
+    // Only given noise can be out of range (drawn noise never is).
+    e = {kNoiseOutOfRange, slots[2],
+         noise.values != nullptr ? static_cast<double>(noise.values[slots[2]])
+                                 : 0.0};
   }
   *error = e;
 }
@@ -335,6 +338,38 @@ __global__ void ResolveDecodeErrorKernel(QuantizeError* error, int64_t n) {
   error->code = error->index < n ? kInvalidCode : kQuantizeOk;
 }
 
+// One thread per element: its code in each of the num_payloads rows,
+// decoded and added in row order (PayloadSum, as the CPU adds them).
+template <typename T>
+__global__ void QsgdDecodeSumKernel(const uint8_t* __restrict__ packed,
+                                    int64_t num_payloads, int64_t n,
+                                    int64_t bucket_size, int levels,
+                                    const float* __restrict__ norms,
+                                    T* __restrict__ out, QuantizeError* error) {
+  using C = typename ComputeType<T>::type;
+  using Sum = PayloadSum<T>;
+  const int bits = QsgdBitsPerElement(levels);
+  const int64_t row_bytes = PackedByteCount(n, bits);
+  const int64_t buckets = (n + bucket_size - 1) / bucket_size;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+       i < n; i += stride) {
+    typename Sum::Accumulator sum{};
+    for (int64_t p = 0; p < num_payloads; ++p) {
+      const uint32_t code = static_cast<uint32_t>(
+          ReadBitsAt(packed + p * row_bytes, i * bits, bits));
+      if ((code >> 1) > static_cast<uint32_t>(levels)) {
+        AtomicMinIndex(&error->index, p * n + i);
+      }
+      const C step = static_cast<C>(norms[p * buckets + i / bucket_size]) /
+                     static_cast<C>(levels);
+      const T value = QsgdValue<T>(code, step);
+      sum = p == 0 ? Sum::Start(value) : Sum::Add(sum, value);
+    }
+    out[i] = Sum::Finish(sum);
+  }
+}
+
 // --- TernGrad -----------------------------------------------------------------
 
 // scalars[0] = mean of x (from the sum in *sum).
@@ -370,7 +405,7 @@ __global__ void TernGradScaleKernel(float clip, int64_t n,
 
 template <typename T>
 __global__ void TernGradEncodeKernel(const T* __restrict__ x,
-                                     const float* __restrict__ noise,
+                                     const UniformNoise noise,
                                      int64_t n, const double* scalars,
                                      const float* scale,
                                      uint8_t* __restrict__ packed,
@@ -386,7 +421,7 @@ __global__ void TernGradEncodeKernel(const T* __restrict__ x,
     const int64_t end = begin + 4 < n ? begin + 4 : n;
     BitWriter writer(packed + g);
     for (int64_t i = begin; i < end; ++i) {
-      const float u = noise[i];
+      const float u = noise.At(i);
       uint32_t code = 0;
       if (!NoiseValid(u)) {
         AtomicMinIndex(&slots[2], i);
@@ -515,7 +550,8 @@ int64_t QsgdEncode<GpuDevice, T>::ScratchBytes(int64_t n,
 template <typename T>
 void QsgdEncode<GpuDevice, T>::operator()(const GpuDevice& device,
                                           const QsgdOptions& options,
-                                          const T* x, const float* noise,
+                                          const T* x,
+                                          const UniformNoise& noise,
                                           int64_t n, float* norms,
                                           uint8_t* packed, void* scratch,
                                           QuantizeError* error) const {
@@ -567,6 +603,18 @@ void QsgdDecode<GpuDevice, T>::operator()(const GpuDevice& device, int levels,
 }
 
 template <typename T>
+void QsgdDecodeSum<GpuDevice, T>::operator()(
+    const GpuDevice& device, int levels, int64_t bucket_size,
+    int64_t num_payloads, const float* norms, const uint8_t* packed, int64_t n,
+    T* out, QuantizeError* error) const {
+  const int64_t total = num_payloads * n;
+  InitDecodeErrorKernel<<<1, 1, 0, device.stream>>>(error, total);
+  QsgdDecodeSumKernel<T><<<BlocksFor(n), kThreads, 0, device.stream>>>(
+      packed, num_payloads, n, bucket_size, levels, norms, out, error);
+  ResolveDecodeErrorKernel<<<1, 1, 0, device.stream>>>(error, total);
+}
+
+template <typename T>
 int64_t TernGradEncode<GpuDevice, T>::ScratchBytes(int64_t n) {
   const RowLayout layout = MakeRowLayout(n, n > 0 ? n : 1);
   return EncodeScratch::Bytes(layout.units(), 1);
@@ -574,7 +622,7 @@ int64_t TernGradEncode<GpuDevice, T>::ScratchBytes(int64_t n) {
 
 template <typename T>
 void TernGradEncode<GpuDevice, T>::operator()(
-    const GpuDevice& device, float clip, const T* x, const float* noise,
+    const GpuDevice& device, float clip, const T* x, const UniformNoise& noise,
     int64_t n, float* scale, uint8_t* packed, void* scratch,
     QuantizeError* error) const {
   using C = typename ComputeType<T>::type;
@@ -648,8 +696,8 @@ void SignEncode<GpuDevice, T>::operator()(const GpuDevice& device, bool scaled,
                                          s.slots);
   }
   SignEncodeKernel<T><<<BlocksFor(n), kThreads, 0, stream>>>(x, n, packed);
-  ResolveEncodeErrorKernel<T><<<1, 1, 0, stream>>>(s.slots, n, 1, x, nullptr,
-                                                   s.row_values, error);
+  ResolveEncodeErrorKernel<T><<<1, 1, 0, stream>>>(
+      s.slots, n, 1, x, GivenNoise(nullptr), s.row_values, error);
 }
 
 template <typename T>
@@ -663,6 +711,7 @@ void SignDecode<GpuDevice, T>::operator()(const GpuDevice& device, float scale,
 #define TFC_QUANTIZE_INSTANTIATE_GPU(T)         \
   template struct QsgdEncode<GpuDevice, T>;     \
   template struct QsgdDecode<GpuDevice, T>;     \
+  template struct QsgdDecodeSum<GpuDevice, T>;  \
   template struct TernGradEncode<GpuDevice, T>; \
   template struct TernGradDecode<GpuDevice, T>; \
   template struct SignEncode<GpuDevice, T>;     \

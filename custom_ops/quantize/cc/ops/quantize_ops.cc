@@ -169,6 +169,24 @@ REGISTER_OP(TFCOMPRESS_OP_NAME("QsgdEncode"))
     .Attr("T: {half, bfloat16, float, double}")
     .SetShapeFn(QsgdEncodeShape);
 
+// QsgdEncode with the noise drawn inside the kernel: the payload is
+// QsgdEncode(x, tf.random.stateless_uniform([n], seed)), bit for bit,
+// without the n noise values ever being written (the Philox stream of
+// common/cc/philox.h, TensorFlow's for CPU and GPU).
+//
+// seed: int64 [2], as tf.random.stateless_uniform takes it.
+REGISTER_OP(TFCOMPRESS_OP_NAME("QsgdEncodeSeeded"))
+    .Input("x: T")
+    .Input("seed: int64")
+    .Output("norms: float")
+    .Output("packed: uint8")
+    .Attr("levels: int >= 1")
+    .Attr("bucket_size: int >= 1")
+    .Attr("norm_type: {'l2', 'max'} = 'l2'")
+    .Attr("tensor_name: string = 'input'")
+    .Attr("T: {half, bfloat16, float, double}")
+    .SetShapeFn(QsgdEncodeShape);
+
 // Inverse of QsgdEncode: x_hat[i] = +-level * (norms[i / bucket_size] / s),
 // saturated to T's finite range, as T [count].
 REGISTER_OP(TFCOMPRESS_OP_NAME("QsgdDecode"))
@@ -180,6 +198,34 @@ REGISTER_OP(TFCOMPRESS_OP_NAME("QsgdDecode"))
     .Attr("bucket_size: int >= 1")
     .Attr("T: {half, bfloat16, float, double} = DT_FLOAT")
     .SetShapeFn(QsgdDecodeShape);
+
+// The sum of N QSGD payloads of `count` elements each, decoded and added in
+// one pass (no decoded tensor per payload): out[i] = ((d_0[i] + d_1[i]) +
+// d_2[i]) + ..., d_p the QsgdDecode of row p, added in payload order in
+// float32 (float64 for double) and rounded to T once. For float32 and
+// float64 and up to 8 payloads that is tf.reduce_sum(tf.stack([d_0, ...]),
+// 0), bit for bit.
+//
+// norms: float32 [N, ceil(count / bucket_size)]; packed: uint8
+// [N, ceil(count * bits / 8)]; every row is checked as QsgdDecode checks
+// its payload.
+REGISTER_OP(TFCOMPRESS_OP_NAME("QsgdDecodeSum"))
+    .Input("norms: float")
+    .Input("packed: uint8")
+    .Input("count: int64")
+    .Output("sum: T")
+    .Attr("levels: int >= 1")
+    .Attr("bucket_size: int >= 1")
+    .Attr("T: {half, bfloat16, float, double} = DT_FLOAT")
+    .SetShapeFn([](InferenceContext* c) {
+      int bits_per_element;
+      int64_t bucket_size;
+      TF_RETURN_IF_ERROR(GetQsgdAttrs(c, &bits_per_element, &bucket_size));
+      ShapeHandle matrix;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &matrix));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 2, &matrix));
+      return DecodeOutputShape(c, 2);
+    });
 
 // TernGrad (Wen et al. 2017): with clip > 0, |x| is first clipped to
 // clip * sigma (sigma the population standard deviation of x, computed in
@@ -197,6 +243,22 @@ REGISTER_OP(TFCOMPRESS_OP_NAME("TernGradEncode"))
     .SetShapeFn([](InferenceContext* c) {
       ShapeHandle noise;
       TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &noise));
+      return ScaledEncodeShape(c, 2);
+    });
+
+// TernGradEncode with the noise drawn inside the kernel, as QsgdEncodeSeeded:
+// TernGradEncode(x, tf.random.stateless_uniform([n], seed)), bit for bit.
+REGISTER_OP(TFCOMPRESS_OP_NAME("TernGradEncodeSeeded"))
+    .Input("x: T")
+    .Input("seed: int64")
+    .Output("scale: float")
+    .Output("packed: uint8")
+    .Attr("clip: float = 0")
+    .Attr("tensor_name: string = 'input'")
+    .Attr("T: {half, bfloat16, float, double}")
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle seed;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &seed));
       return ScaledEncodeShape(c, 2);
     });
 
