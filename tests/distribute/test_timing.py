@@ -57,11 +57,12 @@ def is_fp16_decode(op):
 
 
 def is_qsgd_encode(op):
-    return op.type == "TFCompress>QsgdEncode"
+    return op.type in ("TFCompress>QsgdEncode", "TFCompress>QsgdEncodeSeeded")
 
 
 def is_qsgd_decode(op):
-    return op.type == "TFCompress>QsgdDecode"
+    # single payloads (the second stage) and the one-pass sum of received ones
+    return op.type in ("TFCompress>QsgdDecode", "TFCompress>QsgdDecodeSum")
 
 
 @pytest.mark.parametrize(
