@@ -208,6 +208,27 @@ absl::Status CheckPackedStream(const char* op, const Device& device,
                           packed.NumElements(), *count, bits);
 }
 
+// Checks `rows` x `per_row` payload norms (device memory, read on the host):
+// each finite and >= 0. The message names norms[b] (one row) or norms[p, b].
+template <typename Device>
+absl::Status CheckNorms(const char* op, const Device& device,
+                        const float* norms, int64_t rows, int64_t per_row) {
+  std::vector<float> values(rows * per_row);
+  TF_RETURN_IF_ERROR(
+      CopyToHost(device, norms, values.data(), values.size() * sizeof(float)));
+  for (int64_t i = 0; i < rows * per_row; ++i) {
+    if (!(std::isfinite(values[i]) && values[i] >= 0)) {
+      const std::string where =
+          rows == 1 ? absl::StrCat(i)
+                    : absl::StrCat(i / per_row, ", ", i % per_row);
+      return InvalidArgument(op, ": corrupted payload: `norms[", where,
+                             "]` = ", values[i],
+                             " is not a finite non-negative number");
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckScale(const char* op, const Tensor& scale) {
   if (!TensorShapeUtils::IsScalar(scale.shape())) {
     return InvalidArgument(op,
@@ -323,17 +344,9 @@ class QsgdDecodeOp : public OpKernel {
                         norms.NumElements(), " values but count=", count,
                         " with bucket_size=", bucket_size_, " needs exactly ",
                         num_buckets));
-    std::vector<float> norm_values(num_buckets);
-    OP_REQUIRES_OK(context, CopyToHost(device, norms.flat<float>().data(),
-                                       norm_values.data(),
-                                       num_buckets * sizeof(float)));
-    for (int64_t b = 0; b < num_buckets; ++b) {
-      const float norm = norm_values[b];
-      OP_REQUIRES(context, std::isfinite(norm) && norm >= 0,
-                  InvalidArgument("QsgdDecode: corrupted payload: `norms[", b,
-                                  "]` = ", norm,
-                                  " is not a finite non-negative number"));
-    }
+    OP_REQUIRES_OK(context, CheckNorms("QsgdDecode", device,
+                                       norms.flat<float>().data(), 1,
+                                       num_buckets));
     Tensor* x_hat = nullptr;
     OP_REQUIRES_OK(context, context->allocate_output(0, TensorShape({count}),
                                                      &x_hat));
@@ -408,20 +421,8 @@ class QsgdDecodeSumOp : public OpKernel {
                                 norms.dim_size(1), " values per payload but ",
                                 "count=", count, " with bucket_size=",
                                 bucket_size_, " needs exactly ", num_buckets));
-    const int64_t total = num_payloads * num_buckets;
-    std::vector<float> norm_values(total);
-    OP_REQUIRES_OK(context, CopyToHost(device, norms.flat<float>().data(),
-                                       norm_values.data(),
-                                       total * sizeof(float)));
-    for (int64_t b = 0; b < total; ++b) {
-      const float norm = norm_values[b];
-      OP_REQUIRES(context, std::isfinite(norm) && norm >= 0,
-                  InvalidArgument(kOp, ": corrupted payload: `norms[",
-                                  b / std::max<int64_t>(num_buckets, 1), ", ",
-                                  b % std::max<int64_t>(num_buckets, 1),
-                                  "]` = ", norm,
-                                  " is not a finite non-negative number"));
-    }
+    OP_REQUIRES_OK(context, CheckNorms(kOp, device, norms.flat<float>().data(),
+                                       num_payloads, num_buckets));
     Tensor* out = nullptr;
     OP_REQUIRES_OK(context,
                    context->allocate_output(0, TensorShape({count}), &out));
