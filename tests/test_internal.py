@@ -1,7 +1,9 @@
-"""TensorFlow's and Keras' private API is used from tfcompress/_internal.py only, and still exists.
+"""TensorFlow's and Keras' private API is used from tfcompress/_internal/ only, and still exists.
 
-The source test reads every other module's syntax tree (not its text, so
-docstrings and comments may name private things) and reports:
+Only the modules of the ``tfcompress._internal`` package (one per topic:
+functions, collectives, strategies, checkpoint, keras) may use it. The source
+test reads every other module's syntax tree (not its text, so docstrings and
+comments may name private things) and reports:
 
 * imports of private modules (``tensorflow.python``, ``tensorflow.core``,
   ``keras.src``, any TensorFlow/Keras module below the top-level packages);
@@ -25,17 +27,23 @@ import pytest
 import tensorflow as tf
 
 from tfcompress import _internal as internal
+from tfcompress._internal import strategies
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "tfcompress"
-INTERNAL = PACKAGE / "_internal.py"
+INTERNAL = PACKAGE / "_internal"
 FOREIGN_TOP_LEVEL = ("tensorflow", "keras", "tf_keras")
 
 
-def _modules() -> dict[str, ast.Module]:
+def _in_internal(path: pathlib.Path) -> bool:
+    """True for the modules of the tfcompress._internal package (the one door)."""
+    return path.is_relative_to(INTERNAL)
+
+
+def _modules() -> dict[pathlib.Path, ast.Module]:
     return {
         path: ast.parse(path.read_text(), str(path))
         for path in sorted(PACKAGE.rglob("*.py"))
-        if path != INTERNAL
+        if not _in_internal(path)
     }
 
 
@@ -58,7 +66,8 @@ def _defined_private_names(trees) -> set[str]:
                 names.add(node.arg)
             elif isinstance(node, ast.alias):
                 names.add((node.asname or node.name).split(".")[0])
-    names.update(node.name for node in ast.walk(ast.parse(INTERNAL.read_text())) if _named(node))
+    for path in sorted(INTERNAL.rglob("*.py")):
+        names.update(node.name for node in ast.walk(ast.parse(path.read_text())) if _named(node))
     return {n for n in names if _is_private(n)}
 
 
@@ -71,34 +80,96 @@ def _private_module(name: str) -> bool:
     return top in FOREIGN_TOP_LEVEL and bool(rest)
 
 
-def test_private_tf_and_keras_api_only_in_internal():
-    modules = _modules()
-    ours = _defined_private_names(modules.values())
+def _private_uses(where: str, tree: ast.Module, ours: set[str]) -> list[str]:
+    """The private TensorFlow/Keras names one module uses, as ``where:line what``."""
     offenders = []
-    for path, tree in modules.items():
-        where = str(path.relative_to(PACKAGE))
-        for node in ast.walk(tree):
-            line = f"{where}:{getattr(node, 'lineno', 0)}"
-            if isinstance(node, ast.Import):
+    for node in ast.walk(tree):
+        line = f"{where}:{getattr(node, 'lineno', 0)}"
+        if isinstance(node, ast.Import):
+            offenders += [f"{line} import {a.name}" for a in node.names if _private_module(a.name)]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            if _private_module(node.module):
+                offenders.append(f"{line} from {node.module} import ...")
+            elif node.module in FOREIGN_TOP_LEVEL:
                 offenders += [
-                    f"{line} import {a.name}" for a in node.names if _private_module(a.name)
+                    f"{line} from {node.module} import {a.name}"
+                    for a in node.names
+                    if _is_private(a.name)
                 ]
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                if _private_module(node.module):
-                    offenders.append(f"{line} from {node.module} import ...")
-                elif node.module in FOREIGN_TOP_LEVEL:
-                    offenders += [
-                        f"{line} from {node.module} import {a.name}"
-                        for a in node.names
-                        if _is_private(a.name)
-                    ]
-            elif isinstance(node, ast.Attribute) and _is_private(node.attr):
-                if node.attr == "__internal__" or node.attr not in ours:
-                    offenders.append(f"{line} .{node.attr}")
+        elif isinstance(node, ast.Attribute) and _is_private(node.attr):
+            if node.attr == "__internal__" or node.attr not in ours:
+                offenders.append(f"{line} .{node.attr}")
+    return offenders
+
+
+def _offenders(modules: dict[pathlib.Path, ast.Module]) -> list[str]:
+    """Private TensorFlow/Keras uses of every module outside tfcompress/_internal/."""
+    ours = _defined_private_names(modules.values())
+    return [
+        offender
+        for path, tree in modules.items()
+        if not _in_internal(path)
+        for offender in _private_uses(str(path.relative_to(PACKAGE)), tree, ours)
+    ]
+
+
+def test_private_tf_and_keras_api_only_in_internal():
+    offenders = _offenders(_modules())
     assert offenders == [], (
-        "private TensorFlow/Keras API outside tfcompress/_internal.py (add a commented "
-        f"function there and call it): {offenders}"
+        "private TensorFlow/Keras API outside tfcompress/_internal/ (add a commented "
+        f"function to the module of its topic there, re-export it and call it): {offenders}"
     )
+
+
+_PRIVATE_USES = """
+import tensorflow as tf
+from tensorflow.python.distribute import cross_device_utils
+import keras.src.trainers
+
+def f(strategy):
+    return strategy.extended._cross_device_ops, tf.__internal__
+"""
+
+
+def test_the_source_test_reports_private_uses_outside_internal_only():
+    """Every module but those of tfcompress/_internal/ is reported, whatever its package."""
+    tree = ast.parse(_PRIVATE_USES)
+    expected = sorted(
+        [
+            "from tensorflow.python.distribute import ...",
+            "import keras.src.trainers",
+            "._cross_device_ops",
+            ".__internal__",
+        ]
+    )
+    for outside in (
+        PACKAGE / "distribute" / "strategy.py",
+        PACKAGE / "__init__.py",
+        PACKAGE / "_internal_helpers.py",
+    ):
+        reported = sorted(o.partition(" ")[2] for o in _offenders({outside: tree}))
+        assert reported == expected, outside
+    assert _offenders({INTERNAL / "collectives.py": tree}) == []
+
+
+def test_the_package_init_only_re_exports_every_topic_module():
+    """``internal.launcher_all_gather(...)`` works everywhere; the names live in the topic modules."""
+    tree = ast.parse((INTERNAL / "__init__.py").read_text())
+    body = tree.body[1:] if ast.get_docstring(tree) else tree.body
+    assert all(
+        isinstance(node, ast.ImportFrom)
+        or (isinstance(node, ast.Assign) and [t.id for t in node.targets] == ["__all__"])
+        for node in body
+    )
+    topics = [
+        importlib.import_module(f"tfcompress._internal.{path.stem}")
+        for path in sorted(INTERNAL.glob("*.py"))
+        if path.name != "__init__.py"
+    ]
+    exported = sorted(name for topic in topics for name in topic.__all__)
+    assert sorted(internal.__all__) == exported
+    for topic in topics:
+        assert all(getattr(internal, name) is getattr(topic, name) for name in topic.__all__)
 
 
 def _foreign_bases(cls) -> list[type]:
@@ -113,7 +184,7 @@ def _foreign_bases(cls) -> list[type]:
 
 def _package_classes():
     for path in sorted(PACKAGE.rglob("*.py")):
-        if path == INTERNAL or path.name == "__main__.py":
+        if _in_internal(path) or path.name == "__main__.py":
             continue
         relative = path.relative_to(PACKAGE.parent).with_suffix("")
         name = ".".join(relative.parts).removesuffix(".__init__")
@@ -141,8 +212,8 @@ def test_no_class_overrides_a_private_tf_or_keras_hook():
             if _is_private(name) and any(hasattr(base, name) for base in foreign):
                 offenders.append(f"{cls.__module__}.{cls.__name__}.{name}")
     assert offenders == [], (
-        "private TensorFlow/Keras hooks overridden outside tfcompress/_internal.py (give "
-        f"_internal.py a base class that calls a public method): {offenders}"
+        "private TensorFlow/Keras hooks overridden outside tfcompress/_internal/ (give "
+        f"_internal/ a base class that calls a public method): {offenders}"
     )
 
 
@@ -169,7 +240,7 @@ def test_private_names_still_exist():
     assert hasattr(tf.__internal__.tracking.Trackable, "_gather_saveables_for_checkpoint")
     assert hasattr(tf.__internal__.tracking.Trackable, "_trackable_children")
     assert internal.scalar_summary_metadata().plugin_data.plugin_name == "scalars"
-    context = internal.context.context()
+    context = strategies.context.context()
     assert callable(context.report_error_to_cluster) and hasattr(context, "coordination_service")
 
 

@@ -12,10 +12,9 @@ importing only those below it::
     _internal (TensorFlow/Keras internals) < ops < codecs < compressors
         < distribute < keras < tools (launch, bench, data, cli)
 
-``tfcompress.distribute`` reached from here brings ``tfcompress.keras`` with
-it, whose import installs Keras 3's multi-worker ``model.fit`` fix, so that
-``import tfcompress`` is all a Keras script needs (the strategies themselves
-never patch Keras).
+Keras 3's multi-worker ``model.fit`` fix is installed by the strategy factory
+(``tfcompress.distribute.MultiWorkerMirroredStrategy``), so it does not depend
+on how the script imports tfcompress.
 """
 
 import importlib
@@ -28,8 +27,6 @@ __all__ = ["bench", "codecs", "compressors", "data", "distribute", "keras", "lau
 def __getattr__(name: str):
     if name in __all__:
         module = importlib.import_module(f"tfcompress.{name}")
-        if name == "distribute":
-            importlib.import_module("tfcompress.keras")
         globals()[name] = module
         return module
     raise AttributeError(f"module 'tfcompress' has no attribute {name!r}")

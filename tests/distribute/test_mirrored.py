@@ -341,20 +341,3 @@ def test_one_handle_per_strategy_holds_compressor_policy_counters_state():
     tf.function(lambda: strategy.run(step))()
     assert len(ops.bound_compressors) == 2
     assert all(b.name == "topk" for b in ops.bound_compressors.values())
-
-
-def test_multiworker_keras3_without_the_fix_is_told_to_import_tfcompress_keras(monkeypatch, caplog):
-    from tfcompress import _internal
-    from tfcompress.distribute import strategy as factories
-
-    monkeypatch.setattr(_internal, "num_workers", lambda strategy: 2)
-    monkeypatch.setattr(_internal, "keras3_trainer_loaded", lambda: True)
-    monkeypatch.setattr(_internal, "keras3_fit_functions_replaced", lambda: False)
-    with caplog.at_level("WARNING", logger=factories.__name__):
-        factories._point_keras3_users_to_the_fix(object())
-    assert "import tfcompress.keras" in caplog.text
-    caplog.clear()
-    monkeypatch.setattr(_internal, "keras3_fit_functions_replaced", lambda: True)
-    with caplog.at_level("WARNING", logger=factories.__name__):
-        factories._point_keras3_users_to_the_fix(object())
-    assert caplog.text == ""

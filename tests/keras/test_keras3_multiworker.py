@@ -1,4 +1,8 @@
-"""The Keras 3 multi-worker fix is pinned to the Keras code it was written for."""
+"""The Keras 3 multi-worker fix is pinned to the Keras code it was written for.
+
+That creating a strategy installs it, whatever the import spelling, is
+tests/distribute/test_strategy_keras3_fix.py (a fresh process).
+"""
 
 import warnings
 
@@ -6,7 +10,7 @@ import keras
 import pytest
 import tensorflow as tf
 
-from tfcompress.keras import _keras3_multiworker as fix
+from tfcompress.distribute import keras3_multiworker as fix
 
 
 def test_installed_keras_code_is_the_checked_one():
@@ -23,10 +27,6 @@ def test_installed_keras_code_is_the_checked_one():
             f"Keras {keras.__version__} changed {name}; the multi-worker fit fix was checked "
             f"against {sorted(fix.PATCHED_SOURCES[name])} only"
         )
-
-
-def test_importing_tfcompress_keras_installs_the_fix():
-    assert fix.is_installed()
 
 
 def test_install_is_idempotent_and_delegates_for_other_strategies():
@@ -46,7 +46,7 @@ def test_mismatched_source_is_not_patched(monkeypatch):
     from keras.src.backend.tensorflow import trainer
     from keras.src.optimizers.loss_scale_optimizer import LossScaleOptimizer
 
-    # Back to Keras' own functions (importing tfcompress.keras installed the fix).
+    # Back to Keras' own functions (the test above installed the fix).
     for owner, name in (
         (trainer.TensorFlowTrainer, "_maybe_symbolic_build"),
         (trainer, "reduce_per_replica"),

@@ -6,7 +6,7 @@ overflow float16 on both workers and are skipped while the scale comes down
 (the forced-overflow case), and later worker 1 alone feeds one batch that
 overflows, so the workers must agree to skip that step as well (Keras 3's
 LossScaleOptimizer decides from each worker's own gradients; tfcompress' fix
-makes them agree, see tfcompress/keras/_keras3_multiworker.py). No run may
+makes them agree, see tfcompress/distribute/keras3_multiworker.py). No run may
 hang; the weights, the compressor state and the test loss end finite and
 identical on both workers, and the accuracy stays close to uncompressed mixed
 precision after the same steps.

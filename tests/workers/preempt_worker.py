@@ -89,7 +89,7 @@ else:
     import tf_keras as keras  # noqa: E402
 
 import tfcompress  # noqa: E402
-import tfcompress.keras  # noqa: E402 - Keras 3's multi-worker fit fix
+import tfcompress.keras  # noqa: E402 - BackupAndRestore, track_compression_state
 from tfcompress.compressors import DIANA, QSGD, ErrorFeedback, TopK  # noqa: E402
 
 task = json.loads(os.environ["TF_CONFIG"])["task"]["index"]

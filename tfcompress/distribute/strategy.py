@@ -4,8 +4,9 @@ A factory builds TensorFlow's strategy, then one
 :class:`~tfcompress.distribute.handle.CompressionHandle` (compressor, policy,
 counters, checkpointable state) and cross-device ops that carry it, and swaps
 those ops in. Every other function here finds the handle with :func:`handle_of`.
-Strategies never patch Keras: Keras 3's multi-worker fit fix comes with
-``tfcompress.keras``.
+:func:`MultiWorkerMirroredStrategy` also installs Keras 3's multi-worker
+``model.fit`` fix (:mod:`tfcompress.distribute.keras3_multiworker`), however
+tfcompress was imported.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import tensorflow as tf
 from tfcompress import _internal as internal
 from tfcompress.compressors import registry
 from tfcompress.compressors.base import Compressor
+from tfcompress.distribute import keras3_multiworker
 from tfcompress.distribute.aggregation import Aggregation, supports_two_stage
 from tfcompress.distribute.checkpointing import CompressionState
 from tfcompress.distribute.cross_device_ops import (
@@ -121,6 +123,7 @@ def MultiWorkerMirroredStrategy(  # noqa: N802 - mirrors tf.distribute's class n
         cluster_resolver=cluster_resolver, communication_options=communication_options
     )
     _install(strategy, compressor, policy, aggregation)
+    keras3_multiworker.install(strategy)
     if internal.num_workers(strategy) > 1:
         explain_errors_leaving_scope(strategy)
     return strategy
@@ -184,7 +187,6 @@ def _install(strategy, compressor, policy, aggregation: Aggregation) -> None:
         "aggregation",
     )
     _say_when_two_stage_does_not_apply(handle)
-    _point_keras3_users_to_the_fix(strategy)
     _say_when_nothing_is_compressed(strategy)
 
 
@@ -222,25 +224,6 @@ def _say_when_nothing_is_compressed(strategy) -> None:
             "several workers with TF_CONFIG (on one machine: `tfcompress launch -n N -- python "
             "train.py`), or use MirroredStrategy over several devices (GPUs, or CPU logical "
             "devices from tf.config.set_logical_device_configuration)."
-        )
-
-
-def _point_keras3_users_to_the_fix(strategy) -> None:
-    """Warns a multi-worker Keras 3 user who has not imported ``tfcompress.keras``.
-
-    Keras 3's multi-worker ``model.fit`` needs the fix that importing
-    ``tfcompress.keras`` installs (``import tfcompress`` then
-    ``tfcompress.distribute`` imports it too); a script that only does
-    ``from tfcompress.distribute import ...`` would otherwise fail inside Keras.
-    """
-    if (
-        internal.num_workers(strategy) > 1
-        and internal.keras3_trainer_loaded()
-        and not internal.keras3_fit_functions_replaced()
-    ):
-        _log.warning(
-            "tfcompress: Keras 3's multi-worker model.fit needs `import tfcompress.keras` "
-            "(it installs the fix for keras-team/keras#20585); custom training loops do not."
         )
 
 

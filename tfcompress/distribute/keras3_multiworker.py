@@ -21,12 +21,14 @@ the Keras versions listed in ``PATCHED_SOURCES``:
    before the branch, so all workers skip the same steps, as tf-keras'
    LossScaleOptimizer does by checking the aggregated gradients.
 
-The fix is installed when ``tfcompress.keras`` is imported (by this module,
-below; ``import tfcompress`` followed by ``tfcompress.distribute`` imports it
-too). The patched functions delegate to the originals for every strategy that
-tfcompress did not create, so plain Keras behaviour is untouched. The exact
-upstream source of both functions is pinned by hash: if a new Keras changes
-them, the patch is not applied (a warning says so) and
+The fix is installed, once per process, when a tfcompress
+``MultiWorkerMirroredStrategy`` is created: the factory calls :func:`install`
+with the new strategy, however the script imported tfcompress (``import
+tfcompress``, ``from tfcompress.distribute import ...``); importing tfcompress
+patches nothing. The patched functions delegate to the originals for every
+strategy that tfcompress did not create, so plain Keras behaviour is
+untouched. The exact upstream source of the functions is pinned by hash: if a
+new Keras changes them, the patch is not applied (a warning says so) and
 ``tests/keras/test_keras3_multiworker.py`` fails, so that someone re-checks
 whether the bug is still there. The Keras internals it touches are reached
 through :mod:`tfcompress._internal`.
@@ -38,11 +40,11 @@ import hashlib
 import inspect
 import logging
 import warnings
+import weakref
 
 import tensorflow as tf
 
 from tfcompress import _internal as internal
-from tfcompress.distribute import is_compressed_strategy
 
 __all__ = ["PATCHED_SOURCES", "install", "is_installed", "source_hashes"]
 
@@ -61,6 +63,8 @@ PATCHED_SOURCES = {
     },
 }
 
+#: The strategies tfcompress created (each one given to :func:`install` by its factory).
+_tfcompress_strategies: weakref.WeakSet[tf.distribute.Strategy] = weakref.WeakSet()
 _apply_to_all_strategies = False
 
 
@@ -75,7 +79,7 @@ def source_hashes() -> dict[str, str]:
 def _is_fixed_multiworker(strategy) -> bool:
     return (
         strategy is not None
-        and (_apply_to_all_strategies or is_compressed_strategy(strategy))
+        and (_apply_to_all_strategies or strategy in _tfcompress_strategies)
         and isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
         and internal.in_multi_worker_mode(strategy)
     )
@@ -86,10 +90,15 @@ def is_installed() -> bool:
     return internal.keras3_fit_functions_replaced()
 
 
-def install(all_strategies: bool = False) -> bool:
+def install(strategy: tf.distribute.Strategy | None = None, all_strategies: bool = False) -> bool:
     """Installs the fix if Keras 3 is importable and its code is the checked one.
 
+    Idempotent: the Keras functions are replaced once per process; later
+    calls only add ``strategy``.
+
     Args:
+      strategy: a strategy made by tfcompress, which the fix acts on (the
+        factories pass each strategy they create).
       all_strategies: also fix plain ``tf.distribute.MultiWorkerMirroredStrategy``
         objects (by default only strategies made by tfcompress are touched).
 
@@ -98,6 +107,8 @@ def install(all_strategies: bool = False) -> bool:
     """
     global _apply_to_all_strategies
     _apply_to_all_strategies = _apply_to_all_strategies or all_strategies
+    if strategy is not None:
+        _tfcompress_strategies.add(strategy)
     if is_installed():
         return True
     try:
@@ -193,8 +204,3 @@ def install(all_strategies: bool = False) -> bool:
     )
     _log.info("tfcompress: Keras %s multi-worker fit fix installed", version)
     return True
-
-
-# Importing tfcompress.keras makes Keras 3's multi-worker model.fit work with
-# tfcompress strategies (the strategies themselves never patch Keras).
-install()

@@ -1,0 +1,65 @@
+"""tf.function: input checks that automatic control dependencies leave unordered.
+
+Private API: ``tensorflow.python.framework.auto_control_deps`` (its resolver
+hook) and the ``AttrValue`` proto that marks a check.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+from tensorflow.core.framework import attr_value_pb2
+
+# auto_control_deps: the resolver hook that takes input checks out of the
+# program-order chain of stateful ops (see unordered_check).
+from tensorflow.python.framework import auto_control_deps
+
+__all__ = ["unordered_check"]
+
+# Inside a tf.function, automatic control dependencies make every stateful op
+# without a resource input (an Assert) wait for the previous one, in the order
+# the Python code built them. With several replicas in one process
+# (MirroredStrategy over local devices) the cross-device ops build replica 0's
+# whole aggregation, then replica 1's: a check on replica 0's received payload
+# then comes before replica 1's checks on its own payload, which come before
+# replica 1's collectives, and replica 0's collective waits for those forever.
+# The order of input checks means nothing (each one guards its computation
+# through an explicit control dependency), so the checks tfcompress builds are
+# marked, and a resolver gives each marked op a read-only resource of its own
+# (its first input): it still has to run before the function returns, but
+# it is no longer ordered after, or before, any other op.
+
+_UNORDERED_ATTR = "_tfcompress_unordered_check"
+_CHECK_TYPES = frozenset({"Assert", "CheckNumerics", "CheckNumericsV2"})
+
+
+def unordered_check(op: tf.Operation) -> tf.Operation:
+    """Marks a check (``Assert``, ``CheckNumerics``) as free of program order; returns it.
+
+    The op must still be made a control dependency of what it guards; in a
+    tf.function it runs anyway before the function returns. Eagerly (no op)
+    nothing happens.
+    """
+    if op is not None and not tf.executing_eagerly() and op.type in _CHECK_TYPES:
+        op._set_attr(_UNORDERED_ATTR, attr_value_pb2.AttrValue(b=True))  # pylint: disable=protected-access
+    return op
+
+
+@auto_control_deps.register_acd_resource_resolver
+def _resolve_unordered_checks(op, reads, writes) -> bool:
+    """Gives a marked check its first input as a read-only 'resource' (see above)."""
+    del writes
+    if op.type not in _CHECK_TYPES or not op.inputs:
+        return False
+    try:
+        marked = op.get_attr(_UNORDERED_ATTR)
+    except ValueError:
+        return False
+    first = op.inputs[0]  # the condition of an Assert, the checked tensor of CheckNumerics
+    # TF's own resolver replaces an Identity's output by its input: start from
+    # there, or the two resolvers would undo each other forever.
+    while first.op.type == "Identity" and first.op.inputs:
+        first = first.op.inputs[0]
+    if not marked or first in reads:
+        return False
+    reads.add(first)
+    return True
