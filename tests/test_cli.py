@@ -97,3 +97,21 @@ def test_python_dash_m_tfcompress_is_the_command(tmp_path):
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("tfcompress ")
     assert any(line.startswith("op library: ") for line in result.stdout.splitlines())
+
+
+def test_python_dash_m_tfcompress_help(tmp_path):
+    """``python -m tfcompress --help``: the top level's help, every command in it, nothing else."""
+    root = pathlib.Path(__file__).resolve().parents[1]
+    result = subprocess.run(
+        [sys.executable, "-m", "tfcompress", "--help"],
+        cwd=tmp_path,
+        env=dict(os.environ, PYTHONPATH=str(root), COLUMNS="200"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("usage: tfcompress [-h] [--version] {launch,bench,fuzz,ops}")
+    for name, _, summary in cli._SUBCOMMANDS:
+        assert any(line.split() == [name, *summary.split()] for line in result.stdout.splitlines())
+    assert result.stderr == ""

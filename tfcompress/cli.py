@@ -8,6 +8,11 @@ Each subcommand lives in its own module, which provides two functions:
 Adding a subcommand is one line in ``_SUBCOMMANDS``. Subcommand modules are imported
 on every invocation, so they import TensorFlow inside ``run_from_args``, never at
 module level: ``tfcompress launch`` must start at once.
+
+The command runs in :func:`~tfcompress.ops._startup_log.quiet_tensorflow_startup`:
+the import of TensorFlow that a subcommand makes defaults ``TF_CPP_MIN_LOG_LEVEL``
+to 2 and keeps TensorFlow's start-up lines (which ignore that variable) off
+stderr; errors still show.
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+
+from tfcompress.ops._startup_log import quiet_tensorflow_startup
 
 __all__ = ["main"]
 
@@ -94,12 +101,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     Returns:
         The exit status.
     """
-    parser = build_parser()
-    args, unknown = parser.parse_known_args(sys.argv[1:] if argv is None else list(argv))
-    if unknown:
-        # The subcommand's usage, not the top level's: the flag is wrong for it.
-        args.usage_error(f"unrecognized arguments: {' '.join(unknown)}")
-    return args.run(args)
+    # TensorFlow's start-up lines (twice, whatever TF_CPP_MIN_LOG_LEVEL says)
+    # are not the command's output; TF_CPP_MIN_LOG_LEVEL defaults to 2.
+    with quiet_tensorflow_startup():
+        parser = build_parser()
+        args, unknown = parser.parse_known_args(sys.argv[1:] if argv is None else list(argv))
+        if unknown:
+            # The subcommand's usage, not the top level's: the flag is wrong for it.
+            args.usage_error(f"unrecognized arguments: {' '.join(unknown)}")
+        return args.run(args)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+import tfcompress.codecs
+import tfcompress.compressors
 from tfcompress import ops
 from tfcompress.compressors import Compressor, TensorContext, get, payload_nbytes, sum_in_process
 
@@ -73,6 +75,35 @@ def context_for(shape, dtype, key: str = "conformance#0") -> TensorContext:
         shape=None if shape is None else tf.TensorShape(shape),
         dtype=dtype,
     )
+
+
+#: The names a compressor's repr may use: every compressor and codec class.
+REPR_NAMESPACE = {**vars(tfcompress.codecs), **vars(tfcompress.compressors)}
+
+
+def config_tree(value):
+    """``value`` with every compressor or codec replaced by (class name, its config), recursively.
+
+    Two compressors are the same compressor when their trees are equal: the
+    settings check compares the same options across workers.
+    """
+    if callable(getattr(value, "get_config", None)) and not isinstance(value, type):
+        return (type(value).__name__, config_tree(value.get_config()))
+    if isinstance(value, dict):
+        return {k: config_tree(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [config_tree(v) for v in value]
+    return value
+
+
+def check_repr_evaluates_back(compressor: Compressor) -> Compressor:
+    """``eval(repr(c))`` is a compressor of ``c``'s class and config, with ``c``'s repr."""
+    text = repr(compressor)
+    again = eval(text, dict(REPR_NAMESPACE))
+    assert type(again) is type(compressor), text
+    assert config_tree(again) == config_tree(compressor), text
+    assert repr(again) == text
+    return again
 
 
 def sum_payloads(payloads):
@@ -360,6 +391,10 @@ class CompressorConformance:
         again = get(c.name, **c.get_config())
         assert type(again) is type(self.make())
         assert again.get_config() == c.get_config()
+
+    def test_repr_evaluates_back(self):
+        """``repr`` is the constructor call: evaluated, it makes the same compressor."""
+        check_repr_evaluates_back(self.make())
 
     def test_bind_and_branches(self):
         """One bind protocol, and one view per phase of the schedule.

@@ -59,7 +59,7 @@ class TestRandomK(CompressorConformance):
     def test_config_is_reconstructible(self, variant):
         c = self.bound(variant, (10,), tf.float32)
         again = RandomK(**c.get_config())
-        assert again.get_config() == c.get_config() == {"ratio": 0.25, "seed": 1}
+        assert again.get_config() == c.get_config() == {"ratio": 0.25, "k": None, "seed": 1}
 
     def test_flags(self):
         c = self.make()
@@ -215,7 +215,13 @@ def test_payload_size_and_rescaling(dtype):
         ({"ratio": 0.0}, r"`ratio` must be in \(0, 1\]"),
         ({"ratio": 1.01}, r"`ratio` must be in \(0, 1\]"),
         ({"ratio": -1}, r"`ratio`"),
-        ({"ratio": None}, r"`ratio` must be a number"),
+        ({"ratio": float("nan")}, r"`ratio`"),
+        ({"ratio": "high"}, r"RandomK\(ratio='high'\): `ratio` must be a number"),
+        ({"k": 0}, r"RandomK\(k=0\): `k` must be >= 1"),
+        ({"k": -3}, r"`k` must be >= 1"),
+        ({"k": 2.5}, r"`k` must be an integer"),
+        ({"k": True}, r"`k` must be an integer"),
+        ({"ratio": 0.1, "k": 3}, r"RandomK\(ratio=0.1, k=3\): give either `ratio` or `k`"),
         ({"ratio": 0.5, "seed": 1.5}, r"`seed` must be an integer"),
         ({"ratio": 0.5, "seed": "7"}, r"`seed`"),
         ({"ratio": 0.5, "seed": True}, r"`seed`"),
@@ -224,6 +230,46 @@ def test_payload_size_and_rescaling(dtype):
 def test_rejects_bad_options(options, pattern):
     with pytest.raises(ValueError, match=pattern):
         RandomK(**options)
+
+
+def test_ratio_or_k_as_top_k():
+    """RandomK chooses its count as TopK does: a ratio (0.01 by default) or a fixed k."""
+    assert RandomK().get_config() == {"ratio": 0.01, "k": None, "seed": 0}
+    assert RandomK(ratio=None).get_config() == RandomK().get_config()
+    assert RandomK(k=5).get_config() == {"ratio": None, "k": 5, "seed": 0}
+    assert [RandomK(ratio=0.01).count(n) for n in (1000, 10, 0)] == [10, 1, 0]
+    assert RandomK(k=5).count(5) == 5 and RandomK(k=5).static_count(3) == 3
+    assert int(RandomK(k=3).count(tf.constant(10, tf.int64))) == 3
+    # A count per tensor: fixed-k tensors are never fused, as TopK's.
+    assert RandomK().fusable and not RandomK(k=5).fusable
+    assert RandomK(k=25).omega(100) == pytest.approx(3.0) and RandomK(k=200).omega(100) == 0.0
+
+
+def test_fixed_k_draws_the_positions_of_the_same_ratio(impl):
+    """``k = 7`` of 100 elements is ``ratio = 0.07``: the same noise, positions and values."""
+    x = random_tensor((100,), tf.float32, seed=3)
+    by_ratio, by_k = RandomK(ratio=0.07, seed=2), RandomK(k=7, seed=2)
+    for _ in range(2):
+        a, b = by_ratio.compress(x), by_k.compress(x)
+        assert a.indices.shape == [7]
+        np.testing.assert_array_equal(a.indices.numpy(), b.indices.numpy())
+        np.testing.assert_array_equal(a.tensors["values"].numpy(), b.tensors["values"].numpy())
+        np.testing.assert_array_equal(by_k.decompress(b).numpy(), by_ratio.decompress(a).numpy())
+    assert int(payload_nbytes(RandomK(k=7).compress(x))) == 7 * 4
+    assert RandomK(k=7).compressed_nbytes([100], tf.float32) == 7 * 4
+
+
+def test_fixed_k_larger_than_the_tensor(impl):
+    with pytest.raises(
+        ValueError, match=r"RandomK\(k=5\): `k` is larger than the tensor.*4 elements"
+    ):
+        RandomK(k=5).compress(tf.zeros([2, 2]))
+    fn = tf.function(
+        lambda t: RandomK(k=5).compress(t).tensors["values"],
+        input_signature=[tf.TensorSpec([None], tf.float32)],
+    )
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"`k` must be in \[0, 4\]"):
+        fn(tf.zeros([4]))
 
 
 @pytest.mark.parametrize("value", [np.nan, np.inf])

@@ -47,6 +47,7 @@ CHANGES = [
     ("threshold", {"value": 1.0}, "value", 2.0, "compressor.value"),
     ("randomk", {"ratio": 0.1}, "ratio", 0.2, "compressor.ratio"),
     ("randomk", {"ratio": 0.1}, "seed", 1, "compressor.seed"),
+    ("randomk", {}, "k", 5, "compressor.ratio"),
     ("error_feedback", {"inner": "topk"}, "inner", "signsgd", "compressor.inner"),
     ("error_feedback", {"inner": "topk"}, "inner", TopK(ratio=0.1), "compressor.inner.ratio"),
     ("diana", {"inner": "pquant"}, "inner", QSGD(), "compressor.inner"),

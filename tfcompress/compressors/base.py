@@ -474,6 +474,20 @@ class Compressor:
         """Options that must match on every worker (checked when the strategy starts)."""
         return {}
 
+    def _constructor_arguments(self) -> dict:
+        """The keyword arguments of the constructor call that makes this compressor.
+
+        ``repr`` is made from them, so that ``eval(repr(c))`` (with the
+        compressor and codec classes in scope) is a compressor with ``c``'s
+        config. They are :meth:`get_config`'s options unless the config
+        normalises an argument (QSGD's ``bits`` becomes ``levels``) or keeps
+        something other than the argument (Switch's phases as text). Either
+        way one compressor has one spelling (``QSGD()`` and
+        ``QSGD(levels=15)`` both read ``QSGD(bits=4, ...)``):
+        ``CompressionSchedule`` matches phases by ``repr``.
+        """
+        return self.get_config()
+
     def _check_input(self, x: tf.Tensor) -> tf.Tensor:
         x = tf.convert_to_tensor(x)
         if x.dtype not in self.supported_dtypes:
@@ -500,5 +514,5 @@ class Compressor:
         return tf.reshape(flat, payload.dense_shape)
 
     def __repr__(self) -> str:
-        options = ", ".join(f"{k}={v!r}" for k, v in self.get_config().items())
+        options = ", ".join(f"{k}={v!r}" for k, v in self._constructor_arguments().items())
         return f"{type(self).__name__}({options})"

@@ -504,12 +504,6 @@ class DeepReduce(Compressor):
     def get_config(self) -> dict:
         return dict(self._config)
 
-    def __repr__(self) -> str:
-        return (
-            f"DeepReduce(sparsifier={self.sparsifier!r}, index_codec={self.index_codec!r}, "
-            f"value_codec={self.value_codec!r}, seed={self.seed})"
-        )
-
 
 def _locate(selected: tf.Tensor, positions: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
     """Where each decoded position is among the ascending ``selected`` positions.

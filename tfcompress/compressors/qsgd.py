@@ -224,3 +224,9 @@ class QSGD(PerStepRandomness, Compressor):
             "norm": self.norm,
             "seed": self._seed_option,
         }
+
+    def _constructor_arguments(self) -> dict:
+        """``bits`` where the levels are ``2**bits - 1`` (as the default's), else ``levels``."""
+        bits = self.levels.bit_length()
+        level_argument = {"bits": bits} if self.levels == 2**bits - 1 else {"levels": self.levels}
+        return {**level_argument, **{k: v for k, v in self.get_config().items() if k != "levels"}}

@@ -53,9 +53,14 @@ import tensorflow as tf
 
 from tfcompress.compressors.base import Payload, num_elements, static_num_elements
 from tfcompress.compressors.registry import register
-from tfcompress.compressors.sparsifier import Selection, Sparsifier, check_ratio, selected_count
+from tfcompress.compressors.sparsifier import (
+    Selection,
+    Sparsifier,
+    check_ratio_or_k,
+    kept_count,
+    selected_count,
+)
 from tfcompress.compressors.state import PerStepRandomness, SeededNoise, TensorContext
-from tfcompress.compressors.topk import DEFAULT_RATIO
 from tfcompress.ops.checks import check_finite
 from tfcompress.ops.sparsify import (
     check_static_size,
@@ -87,8 +92,10 @@ class RandomK(PerStepRandomness, Sparsifier):
 
     ``C(g) = (d / k) * sum_{i in S} g_i e_i`` with ``S`` a uniformly random
     ``k``-subset of the ``d`` positions, ``k = round(ratio * d)`` (at least
-    1). Every entry is kept with probability ``k / d``, so ``E[C(g)] = g``,
-    and ``E||C(g) - g||^2 = (d/k - 1) ||g||^2``: ``omega = d/k - 1``.
+    1) or a fixed ``k``, as :class:`~tfcompress.compressors.topk.TopK`
+    counts. Every entry is kept with probability ``k / d``, so
+    ``E[C(g)] = g``, and ``E||C(g) - g||^2 = (d/k - 1) ||g||^2``:
+    ``omega = d/k - 1``.
 
     All workers use the same ``S`` at a given step (shared seed, see the
     module docstring), which makes the compressor summable: the all-reduced
@@ -116,15 +123,20 @@ class RandomK(PerStepRandomness, Sparsifier):
     (:meth:`value_scale`).
 
     Args:
-      ratio: fraction of the entries sent, in ``(0, 1]``. Default 0.01, as
+      ratio: fraction of the entries sent, in ``(0, 1]``. Default 0.01 when
+        neither ``ratio`` nor ``k`` is given, as
         :class:`~tfcompress.compressors.topk.TopK`'s (without DIANA or error
         feedback that is a variance of ``omega = 99`` times the gradient's:
         see Tuning).
+      k: a fixed number of entries sent, ``>= 1``, instead of a ratio. A
+        tensor with fewer than ``k`` elements is an error (ValueError when
+        its size is static, InvalidArgumentError otherwise).
       seed: integer mixed into the shared seed; must be equal on all workers
         (it is part of :meth:`get_config`). Default 0.
 
     Raises:
-      ValueError: ``ratio`` outside ``(0, 1]``, or ``seed`` not an integer.
+      ValueError: both ``ratio`` and ``k`` given, ``ratio`` outside
+        ``(0, 1]``, ``k < 1``, or ``seed`` not an integer.
 
     Tuning: the variance grows as ``d/k``, so a small ratio slows
     convergence roughly by ``1 + omega``; 0.1 to 0.25 is a common range, and
@@ -148,15 +160,28 @@ class RandomK(PerStepRandomness, Sparsifier):
     stateful = True
     shared_indices = True
 
-    def __init__(self, ratio: float = DEFAULT_RATIO, seed: int = 0):
-        self.ratio = check_ratio("RandomK", ratio)
+    def __init__(self, ratio: float | None = None, k: int | None = None, seed: int = 0):
+        self.ratio, self.k = check_ratio_or_k("RandomK", ratio, k)
+        if self.k is not None:
+            # k entries per tensor: over a bucket or a shard that would mean
+            # another count, so a fixed k keeps every tensor whole (as TopK's).
+            self.fusable = False
         if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
             raise ValueError(f"RandomK(seed={seed!r}): `seed` must be an integer")
         # Shared by every replica (the positions must agree), hence never drawn.
         self.init_randomness(int(seed))
 
+    def count(self, num_elements: int | tf.Tensor) -> int | tf.Tensor:
+        """The number of entries sent for a tensor of ``num_elements`` elements.
+
+        Raises:
+          ValueError: a fixed ``k`` exceeds a static ``num_elements``.
+        """
+        return kept_count("RandomK", self.ratio, self.k, num_elements)
+
     def omega(self, num_elements: int) -> float:
-        k = selected_count(self.ratio, int(num_elements))
+        """``d / k - 1``, with ``k`` at most ``d`` (a fixed ``k`` beyond it keeps everything)."""
+        k = self.static_count(int(num_elements))
         return num_elements / k - 1.0 if k else 0.0
 
     # -- the sparsifier interface ----------------------------------------------------------
@@ -183,7 +208,7 @@ class RandomK(PerStepRandomness, Sparsifier):
 
     def value_scale(self, num_elements: int | tf.Tensor, dtype: tf.DType) -> tf.Tensor:
         """``d / k`` in ``dtype``: every entry is sent with probability ``k / d``."""
-        k = selected_count(self.ratio, num_elements)
+        k = self.count(num_elements)
         return tf.cast(num_elements, dtype) / tf.cast(tf.maximum(k, 1), dtype)
 
     # -- compressor --------------------------------------------------------------------------
@@ -218,19 +243,21 @@ class RandomK(PerStepRandomness, Sparsifier):
         return self._restore_shape(sparse_scatter(payload.tensors["values"], indices, d), payload)
 
     def compressed_nbytes(self, shape: tf.TensorShape, dtype: tf.DType) -> int | None:
-        """``k itemsize`` with ``k = selected_count(ratio, n)``: values only (positions are seeded)."""
+        """``k itemsize`` with ``k = static_count(n)``: values only (positions are seeded)."""
         n = static_num_elements(shape)
         return None if n is None else self.static_count(n) * tf.as_dtype(dtype).size
 
     def static_count(self, num_elements: int) -> int | None:
-        """``selected_count(ratio, n)``."""
+        """``k`` (at most the tensor's size), or ``selected_count(ratio, n)``."""
+        if self.k is not None:
+            return min(self.k, num_elements)
         return selected_count(self.ratio, num_elements)
 
     def get_config(self) -> dict:
-        return {"ratio": self.ratio, "seed": self.seed}
+        return {"ratio": self.ratio, "k": self.k, "seed": self.seed}
 
     def _indices(self, d, step: tf.Tensor, context: TensorContext, stream: str) -> tf.Tensor:
         noise = SeededNoise(self.seed, context).uniform(
             tf.reshape(tf.cast(d, tf.int64), [1]), step, tf.uint32, stream, shared=True
         )
-        return random_k_indices(noise, selected_count(self.ratio, d))
+        return random_k_indices(noise, self.count(d))

@@ -16,6 +16,10 @@ through one interface instead of knowing their types:
 * :attr:`Sparsifier.shared_indices`: True when every replica selects the same
   positions at a step (RandomK's shared seed), which is what makes a sparsifier
   summable without sending its positions.
+
+TopK and RandomK choose how many entries to keep the same way, a share
+(``ratio``) or a fixed number (``k``): :func:`check_ratio_or_k` checks the two
+options and :func:`kept_count` turns them into the count for one tensor.
 """
 
 from __future__ import annotations
@@ -29,7 +33,18 @@ import tensorflow as tf
 from tfcompress.compressors.base import Compressor
 from tfcompress.compressors.state import TensorContext
 
-__all__ = ["Selection", "Sparsifier", "check_ratio", "selected_count"]
+__all__ = [
+    "DEFAULT_RATIO",
+    "Selection",
+    "Sparsifier",
+    "check_ratio",
+    "check_ratio_or_k",
+    "kept_count",
+    "selected_count",
+]
+
+DEFAULT_RATIO = 0.01
+"""The ratio of TopK and RandomK when neither ``ratio`` nor ``k`` is given."""
 
 
 def selected_count(ratio: float, num_elements: int | tf.Tensor) -> int | tf.Tensor:
@@ -58,6 +73,50 @@ def check_ratio(owner: str, ratio) -> float:
     if not 0.0 < ratio <= 1.0:
         raise ValueError(f"{owner}(ratio={ratio!r}): `ratio` must be in (0, 1]")
     return ratio
+
+
+def check_ratio_or_k(owner: str, ratio, k) -> tuple[float | None, int | None]:
+    """The ``(ratio, k)`` options of a sparsifier that keeps a share or a fixed number of entries.
+
+    Exactly one of the two returned values is not ``None``: ``k`` as an int
+    when it is given, else ``ratio`` checked by :func:`check_ratio`
+    (:data:`DEFAULT_RATIO` when neither is given).
+
+    >>> check_ratio_or_k("TopK", None, None), check_ratio_or_k("TopK", None, 5)
+    ((0.01, None), (None, 5))
+
+    Raises:
+      ValueError: both are given, ``k`` is not an integer ``>= 1``, or
+        ``ratio`` is not a number in ``(0, 1]`` (the message names ``owner``).
+    """
+    if ratio is not None and k is not None:
+        raise ValueError(f"{owner}(ratio={ratio!r}, k={k!r}): give either `ratio` or `k`, not both")
+    if k is None:
+        return check_ratio(owner, DEFAULT_RATIO if ratio is None else ratio), None
+    if isinstance(k, bool) or not isinstance(k, numbers.Integral):
+        raise ValueError(f"{owner}(k={k!r}): `k` must be an integer >= 1")
+    if k < 1:
+        raise ValueError(f"{owner}(k={k!r}): `k` must be >= 1")
+    return None, int(k)
+
+
+def kept_count(
+    owner: str, ratio: float | None, k: int | None, num_elements: int | tf.Tensor
+) -> int | tf.Tensor:
+    """Entries kept from a tensor of ``num_elements``: the fixed ``k``, else :func:`selected_count`.
+
+    Raises:
+      ValueError: a fixed ``k`` exceeds a static (Python int) ``num_elements``.
+        A tensor ``num_elements`` is not checked here: the selection op
+        rejects a ``k`` beyond the tensor at run time.
+    """
+    if k is None:
+        return selected_count(ratio, num_elements)
+    if isinstance(num_elements, numbers.Integral) and k > num_elements:
+        raise ValueError(
+            f"{owner}(k={k}): `k` is larger than the tensor, which has {num_elements} elements"
+        )
+    return k
 
 
 @dataclasses.dataclass(frozen=True)

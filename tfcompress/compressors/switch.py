@@ -178,6 +178,10 @@ class Switch(Compressor):
     def get_config(self) -> dict:
         return {"phases": [repr(p) for p in self.phases], "initial_phase": self.initial_phase}
 
+    def _constructor_arguments(self) -> dict:
+        """The phases themselves (``None`` phases as ``Identity()``), not their text."""
+        return {"phases": list(self.phases), "initial_phase": self.initial_phase}
+
 
 class _SwitchSchedule(Schedule):
     """The phase set by :meth:`Switch.set_phase`, read by every replica."""

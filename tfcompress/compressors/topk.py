@@ -41,7 +41,15 @@ import tensorflow as tf
 
 from tfcompress.compressors.base import Payload, num_elements, static_num_elements
 from tfcompress.compressors.registry import register
-from tfcompress.compressors.sparsifier import Selection, Sparsifier, check_ratio, selected_count
+from tfcompress.compressors.sparsifier import (
+    DEFAULT_RATIO,
+    Selection,
+    Sparsifier,
+    check_ratio,
+    check_ratio_or_k,
+    kept_count,
+    selected_count,
+)
 from tfcompress.compressors.state import TensorContext
 from tfcompress.ops.sparsify import (
     graph_name,
@@ -51,9 +59,6 @@ from tfcompress.ops.sparsify import (
 )
 
 __all__ = ["DEFAULT_RATIO", "Threshold", "TopK", "check_ratio", "selected_count"]
-
-DEFAULT_RATIO = 0.01
-"""TopK's ratio when neither ``ratio`` nor ``k`` is given."""
 
 
 class _Sparse(Sparsifier):
@@ -125,22 +130,11 @@ class TopK(_Sparse):
     unbiased = False
 
     def __init__(self, ratio: float | None = None, k: int | None = None):
-        if ratio is not None and k is not None:
-            raise ValueError(
-                f"TopK(ratio={ratio!r}, k={k!r}): give either `ratio` or `k`, not both"
-            )
-        if k is not None:
-            if isinstance(k, bool) or not isinstance(k, numbers.Integral):
-                raise ValueError(f"TopK(k={k!r}): `k` must be an integer >= 1")
-            if k < 1:
-                raise ValueError(f"TopK(k={k!r}): `k` must be >= 1")
-            self.ratio, self.k = None, int(k)
+        self.ratio, self.k = check_ratio_or_k("TopK", ratio, k)
+        if self.k is not None:
             # k entries per tensor: over a bucket or a shard that would mean
             # another count, so a fixed k keeps every tensor whole.
             self.fusable = False
-        else:
-            self.ratio = check_ratio("TopK", DEFAULT_RATIO if ratio is None else ratio)
-            self.k = None
 
     def count(self, num_elements: int | tf.Tensor) -> int | tf.Tensor:
         """The number of entries sent for a tensor of ``num_elements`` elements.
@@ -148,14 +142,7 @@ class TopK(_Sparse):
         Raises:
           ValueError: a fixed ``k`` exceeds a static ``num_elements``.
         """
-        if self.k is None:
-            return selected_count(self.ratio, num_elements)
-        if isinstance(num_elements, numbers.Integral) and self.k > num_elements:
-            raise ValueError(
-                f"TopK(k={self.k}): `k` is larger than the tensor, which has "
-                f"{num_elements} elements"
-            )
-        return self.k
+        return kept_count("TopK", self.ratio, self.k, num_elements)
 
     def select(
         self,

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 
 import tfcompress
 from tfcompress.ops import _build, _loader
+from tfcompress.ops._startup_log import quiet_tensorflow_startup
 
 __all__ = ["configure_parser", "main", "run_from_args", "version_text"]
 
@@ -189,7 +190,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m tfcompress.ops", description="Build or inspect the tfcompress op library."
     )
     configure_parser(parser)
-    return run_from_args(parser.parse_args(argv))
+    with quiet_tensorflow_startup():  # as the tfcompress command (tfcompress.cli)
+        return run_from_args(parser.parse_args(argv))
 
 
 if __name__ == "__main__":
