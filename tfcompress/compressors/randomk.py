@@ -160,7 +160,9 @@ class RandomK(PerStepRandomness, Sparsifier):
     stateful = True
     shared_indices = True
 
-    def __init__(self, ratio: float | None = None, k: int | None = None, seed: int = 0):
+    def __init__(self, ratio: float | None = None, seed: int = 0, *, k: int | None = None):
+        # ``seed`` stays the second positional argument (``RandomK(ratio, seed=0)``
+        # in the design notes); ``k`` is keyword-only.
         self.ratio, self.k = check_ratio_or_k("RandomK", ratio, k)
         if self.k is not None:
             # k entries per tensor: over a bucket or a shard that would mean
