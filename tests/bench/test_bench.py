@@ -33,6 +33,9 @@ from tfcompress.bench.aggregate import (
     wire_limit_seconds,
 )
 from tfcompress.bench.models import gradient_shapes, num_parameters
+from tfcompress.bench.train import load as train_load
+from tfcompress.bench.train import settings as train_settings
+from tfcompress.bench.train import summary as train_summary
 
 
 def run_cli(*args, timeout=600):
@@ -714,7 +717,8 @@ def test_bench_train_spread():
     assert spread([2.0, None, 1.0, None]) == Spread(None, 1.0, None)  # a middle one missed
     with pytest.raises(ValueError):
         spread([])
-    assert doctest.testmod(bench_train).failed == 0
+    for module in (train_settings, train_summary, train_load):  # the doctests of bench train
+        assert doctest.testmod(module).failed == 0
 
 
 def test_bench_train_seeds():

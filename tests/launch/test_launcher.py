@@ -17,6 +17,7 @@ from tests.multiworker import default_termination_signals
 from tfcompress.cli import main as cli_main
 from tfcompress.launch import LaunchResult, free_ports, launch, make_tf_config
 from tfcompress.launch import launcher as launcher_module
+from tfcompress.launch import tf_config as tf_config_module
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -93,8 +94,9 @@ def test_make_tf_config():
 
 
 def test_docstring_examples():
-    failures, _ = doctest.testmod(launcher_module)
-    assert failures == 0
+    for module in (launcher_module, tf_config_module):  # free_ports, make_tf_config
+        failures, _ = doctest.testmod(module)
+        assert failures == 0
 
 
 def test_workers_get_distinct_tf_configs():

@@ -69,7 +69,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 
 
 def _configure_aggregate(benchmarks) -> None:
-    # The aggregate module imports TensorFlow only when run, so its names are cheap to read.
+    # The aggregate package imports TensorFlow only when run, so its names are cheap to read.
     from tfcompress.bench.aggregate import (  # noqa: PLC0415
         AGGREGATIONS,
         DEFAULT_AGGREGATIONS,
@@ -168,7 +168,7 @@ def _add_cluster_option(parser: argparse.ArgumentParser) -> None:
 
 
 def _configure_train(benchmarks) -> None:
-    # The train module imports TensorFlow only when run.
+    # The train package imports TensorFlow only when run.
     from tfcompress.bench.train import ALL_VARIANTS, DEFAULT_SEEDS, TASKS  # noqa: PLC0415
 
     train = benchmarks.add_parser(
@@ -294,14 +294,14 @@ def _configure_gradiveq(benchmarks) -> None:
 
 
 def _configure_fidelity(gradiveq) -> None:
-    # The fidelity module imports TensorFlow only when run, so its names are cheap to read.
+    # The fidelity package imports TensorFlow only when run, so its names are cheap to read.
     from tfcompress.bench.fidelity import KINDS, SHAPE_SETS  # noqa: PLC0415
 
     fidelity = gradiveq.add_argument_group(
         "fidelity",
         "--fidelity measures instead the cosine and relative error of the aggregated sum "
         "against the exact sum, GradiVeQ vs PowerSGD, for N emulated workers on gradients "
-        "of a known structure (tfcompress/bench/fidelity.py). The options above do not "
+        "of a known structure (tfcompress/bench/fidelity/). The options above do not "
         "apply; GradiVeQ's come from --gradiveq-options.",
     )
     fidelity.add_argument("--fidelity", action="store_true", help="run the fidelity comparison")

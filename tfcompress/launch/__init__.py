@@ -1,12 +1,9 @@
 """Local multi-worker launcher: ``tfcompress launch -n N -- python train.py``."""
 
-from tfcompress.launch.launcher import (
-    LaunchResult,
-    free_ports,
-    launch,
-    make_tf_config,
-)
+from tfcompress.launch.launcher import launch
 from tfcompress.launch.netns import BandwidthLimitedCluster, NetnsError
+from tfcompress.launch.result import LaunchResult
+from tfcompress.launch.tf_config import free_ports, make_tf_config
 
 __all__ = [
     "BandwidthLimitedCluster",

@@ -25,6 +25,13 @@ software switch, with ``--latency`` milliseconds of one-way delay if asked (see
 
     sudo tfcompress launch -n 4 --bandwidth 1gbit --latency 5 -- python train.py
 
+The run's result is a :class:`~tfcompress.launch.result.LaunchResult`; the
+workers' ports and ``TF_CONFIG`` come from :mod:`tfcompress.launch.tf_config`,
+and their processes are read, stopped and watched by
+:mod:`tfcompress.launch.processes`. This module is the run itself
+(:func:`launch`) and its command line, ``tfcompress launch`` (tfcompress/cli.py)
+and ``python -m tfcompress.launch`` (__main__.py).
+
 This module must not import TensorFlow: ``tfcompress launch`` should start at once.
 """
 
@@ -32,26 +39,29 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
-import errno
-import json
 import os
-import shutil
-import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
-from typing import IO, TextIO
+from collections.abc import Mapping, Sequence
+from typing import TextIO
 
 from tfcompress.launch import arguments, netns
-from tfcompress.launch.watchdog import (
-    group_has_live_members,
-    group_is_stopped,
-    signal_group,
+from tfcompress.launch.processes import (
+    POLL_INTERVAL,
+    READER_JOIN_TIMEOUT,
+    Echo,
+    Watchdog,
+    all_stopped,
+    check_program_exists,
+    read_output,
+    signals_ignored,
+    sigterm_raises_system_exit,
+    stop_process_groups,
 )
+from tfcompress.launch.result import TIMEOUT_EXIT_CODE, LaunchResult, shell_exit_status
+from tfcompress.launch.tf_config import LOCALHOST, free_ports, make_tf_config, worker_env
 
 __all__ = [
     "DEFAULT_EXIT_GRACE",
@@ -66,7 +76,6 @@ __all__ = [
     "run_from_args",
 ]
 
-LOCALHOST = "127.0.0.1"
 
 #: Seconds between SIGTERM and SIGKILL when the launcher stops a worker.
 DEFAULT_GRACE_PERIOD = 5.0
@@ -74,23 +83,9 @@ DEFAULT_GRACE_PERIOD = 5.0
 #: Seconds the other workers may run on after one exited 0, before they are stopped.
 DEFAULT_EXIT_GRACE = 120.0
 
-#: Exit code of a timed-out run, as GNU ``timeout`` uses it.
-TIMEOUT_EXIT_CODE = 124
-
 #: With ``bandwidth``, worker ``i`` listens on port ``NETNS_PORT_BASE + i`` by default:
 #: each has a namespace, hence a port space, of its own, so any port is free.
 NETNS_PORT_BASE = 20000
-
-# How often the supervising loop looks at the workers. Short enough that a failure
-# stops the others promptly, long enough to cost nothing.
-_POLL_INTERVAL = 0.05
-
-# Reader threads finish once every writer of a pipe is gone. A worker's descendant that
-# left the process group (setsid) could hold a pipe open forever; don't wait for it.
-_READER_JOIN_TIMEOUT = 5.0
-
-# Bound on waiting for SIGKILLed process groups to empty.
-_GROUP_EXIT_TIMEOUT = 2.0
 
 
 class _CurrentStdout:
@@ -113,158 +108,6 @@ class _CurrentStderr:
 
 _CURRENT_STDOUT = _CurrentStdout()
 _CURRENT_STDERR = _CurrentStderr()
-
-
-@dataclasses.dataclass
-class LaunchResult:
-    """What happened to a launched run.
-
-    Attributes:
-        returncode: Exit status of the run, shell style: 0 when every worker exited 0;
-            the code of the first worker that failed (``128 + n`` when signal ``n``
-            killed it); 124 (``TIMEOUT_EXIT_CODE``) on timeout.
-        worker_returncodes: Each worker's own exit code as ``subprocess`` reports it
-            (negative for a signal), or ``None`` for a worker the launcher had to stop
-            because another failed, the run timed out, or the launcher was interrupted.
-        logs: Each worker's full output, stdout and stderr interleaved.
-        timed_out: Whether the run was stopped by its timeout.
-        failed_worker: Index of the worker whose failure ended the run, if any.
-        timeout: The timeout the run had, in seconds.
-        worker_pids: Process id of each worker (also its process group id).
-        worker_addresses: Each worker's ``host:port``, as in its ``TF_CONFIG``.
-        exit_grace_expired: Whether the run was stopped because workers kept running
-            ``exit_grace`` seconds after one had exited 0 (returncode 124).
-        first_exited: Index of the first worker that exited 0 while others ran.
-        exit_grace: The run's ``exit_grace``, in seconds.
-        worker_exit_times: When the launcher saw each worker exit, as ``time.time()``,
-            or ``None`` for a worker it stopped.
-    """
-
-    returncode: int
-    worker_returncodes: list[int | None]
-    logs: list[str]
-    timed_out: bool = False
-    failed_worker: int | None = None
-    timeout: float | None = None
-    worker_pids: list[int] = dataclasses.field(default_factory=list)
-    worker_addresses: list[str] = dataclasses.field(default_factory=list)
-    exit_grace_expired: bool = False
-    first_exited: int | None = None
-    exit_grace: float | None = None
-    worker_exit_times: list[float | None] = dataclasses.field(default_factory=list)
-
-    @property
-    def stopped_workers(self) -> list[int]:
-        """Indices of the workers the launcher stopped before they exited."""
-        return [i for i, code in enumerate(self.worker_returncodes) if code is None]
-
-    @property
-    def error(self) -> str | None:
-        """One line saying why the run failed, or ``None`` if it succeeded."""
-        if self.timed_out:
-            return (
-                f"timed out after {self.timeout:g} s; workers still running: {self.stopped_workers}"
-            )
-        if self.exit_grace_expired:
-            return (
-                f"worker {self.first_exited} exited 0, but workers {self.stopped_workers} "
-                f"were still running {self.exit_grace:g} s later (a peer that left early "
-                "makes the others wait in their next collective); stopped them "
-                "(--exit-grace sets the wait)"
-            )
-        if self.failed_worker is not None:
-            code = self.worker_returncodes[self.failed_worker]
-            return (
-                f"worker {self.failed_worker} {_describe_exit(code)}; "
-                f"stopped workers: {self.stopped_workers}"
-            )
-        return None
-
-    def format_logs(self) -> str:
-        """Renders every worker's log under a header, for attaching to a test failure.
-
-        Returns:
-            The run's outcome on the first line, then one section per worker.
-        """
-        outcome = self.error or "all workers exited 0"
-        sections = [f"tfcompress launch: {outcome}"]
-        for index, (code, log) in enumerate(zip(self.worker_returncodes, self.logs, strict=True)):
-            status = "stopped by the launcher" if code is None else _describe_exit(code)
-            body = log if log else "(no output)\n"
-            if not body.endswith("\n"):
-                body += "\n"
-            sections.append(f"===== worker {index}: {status} =====\n{body}")
-        return "\n".join(sections)
-
-
-def free_ports(n: int, host: str = LOCALHOST) -> list[int]:
-    """Finds ``n`` distinct TCP ports that are free right now.
-
-    All sockets are held open until every port is chosen, so the ports are distinct.
-    Another process may still take one before a worker binds it; that race is
-    inherent to choosing ports up front, as TensorFlow's own multi-worker tests do.
-
-    Args:
-        n: How many ports.
-        host: Interface to bind.
-
-    Returns:
-        ``n`` distinct port numbers.
-
-    Raises:
-        ValueError: If ``n`` is negative.
-
-    >>> ports = free_ports(3)
-    >>> len(set(ports))
-    3
-    """
-    if n < 0:
-        raise ValueError(f"n must be >= 0, got {n}")
-    with contextlib.ExitStack() as sockets:
-        ports = []
-        for _ in range(n):
-            sock = sockets.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
-            sock.bind((host, 0))
-            ports.append(sock.getsockname()[1])
-    return ports
-
-
-def make_tf_config(
-    ports: Sequence[int],
-    index: int,
-    host: str = LOCALHOST,
-    *,
-    hosts: Sequence[str] | None = None,
-) -> dict:
-    """Builds the ``TF_CONFIG`` of one worker in a local cluster.
-
-    Args:
-        ports: One port per worker; worker ``i`` listens on ``host:ports[i]``.
-        index: This worker's index.
-        host: Address every worker listens on.
-        hosts: One address per worker instead of ``host``.
-
-    Returns:
-        The ``TF_CONFIG`` dictionary (``json.dumps`` it into the environment).
-
-    Raises:
-        ValueError: If ``index`` is not a valid worker index, or ``hosts`` has the
-            wrong length.
-
-    >>> make_tf_config([2222, 2223], 1)
-    {'cluster': {'worker': ['127.0.0.1:2222', '127.0.0.1:2223']}, 'task': {'type': 'worker', 'index': 1}}
-    >>> make_tf_config([2222, 2222], 0, hosts=["10.0.0.1", "10.0.0.2"])["cluster"]
-    {'worker': ['10.0.0.1:2222', '10.0.0.2:2222']}
-    """
-    if not 0 <= index < len(ports):
-        raise ValueError(f"index must be in [0, {len(ports)}), got {index}")
-    hosts = [host] * len(ports) if hosts is None else list(hosts)
-    if len(hosts) != len(ports):
-        raise ValueError(f"need {len(ports)} hosts, got {len(hosts)}")
-    return {
-        "cluster": {"worker": [f"{h}:{port}" for h, port in zip(hosts, ports, strict=True)]},
-        "task": {"type": "worker", "index": index},
-    }
 
 
 def launch(
@@ -372,13 +215,13 @@ def launch(
     if network is not None:
         ip_program, _ = netns.check_prerequisites()
         # ``ip netns exec`` would report a missing program only as its own exit status.
-        _check_program_exists(command[0], env, cwd)
+        check_program_exists(command[0], env, cwd)
     if isinstance(stream, _CurrentStdout):
         stream = sys.stdout
     if isinstance(messages, _CurrentStderr):
         messages = sys.stderr
 
-    echo = _Echo(stream)
+    echo = Echo(stream)
     log_lines: list[list[str]] = [[] for _ in range(num_workers)]
     processes: list[subprocess.Popen] = []
     readers: list[threading.Thread] = []
@@ -393,8 +236,8 @@ def launch(
     grace_expired = False
     hosts = [LOCALHOST] * num_workers
 
-    with _sigterm_raises_system_exit():
-        watchdog = _Watchdog(grace_period)
+    with sigterm_raises_system_exit():
+        watchdog = Watchdog(grace_period)
         try:
             if network is not None:
                 for name in sorted(network.namespace_names):
@@ -408,14 +251,14 @@ def launch(
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.PIPE,
                     stderr=subprocess.STDOUT,
-                    env=_worker_env(env, ports, hosts, index),
+                    env=worker_env(env, ports, hosts, index),
                     cwd=cwd,
                     start_new_session=True,
                 )
                 processes.append(process)
                 watchdog.group(process.pid)
                 reader = threading.Thread(
-                    target=_read_output,
+                    target=read_output,
                     args=(process.stdout, index, log_lines[index], echo),
                     name=f"tfcompress-launch-worker-{index}",
                     daemon=True,
@@ -439,10 +282,10 @@ def launch(
                     if (
                         now - failure_time >= failure_grace
                         or (deadline is not None and now >= deadline)
-                        or _all_stopped(processes, returncodes)
+                        or all_stopped(processes, returncodes)
                     ):
                         break
-                    time.sleep(_POLL_INTERVAL)
+                    time.sleep(POLL_INTERVAL)
                     continue
                 if deadline is not None and now >= deadline:
                     timed_out = True
@@ -454,12 +297,12 @@ def launch(
                 ):
                     grace_expired = True
                     break
-                time.sleep(_POLL_INTERVAL)
+                time.sleep(POLL_INTERVAL)
         finally:
-            with _signals_ignored():
-                _stop_process_groups(processes, grace_period)
+            with signals_ignored():
+                stop_process_groups(processes, grace_period)
                 for reader in readers:
-                    reader.join(_READER_JOIN_TIMEOUT)
+                    reader.join(READER_JOIN_TIMEOUT)
                 if network is not None:
                     network.close()
                 watchdog.done()
@@ -467,7 +310,7 @@ def launch(
     if timed_out or grace_expired:
         returncode = TIMEOUT_EXIT_CODE
     elif failed_worker is not None:
-        returncode = _shell_exit_status(returncodes[failed_worker])
+        returncode = shell_exit_status(returncodes[failed_worker])
     else:
         returncode = 0
     return LaunchResult(
@@ -492,210 +335,6 @@ def _notify(messages: TextIO | None, line: str) -> None:
     with contextlib.suppress(OSError, ValueError):  # a closed stream must not stop the run
         messages.write(f"tfcompress launch: {line}\n")
         messages.flush()
-
-
-def _all_stopped(processes: Sequence[subprocess.Popen], returncodes: Sequence[int | None]) -> bool:
-    """Whether every worker still running is stopped (SIGSTOP): none can exit by itself."""
-    return all(
-        group_is_stopped(process.pid)
-        for process, code in zip(processes, returncodes, strict=True)
-        if code is None
-    )
-
-
-class _Watchdog:
-    """The launcher's side of :mod:`tfcompress.launch.watchdog`.
-
-    A process of its own session reading a pipe whose only writer is this
-    process: if the launcher dies without calling :meth:`done`, the kernel
-    closes the pipe and the watchdog stops the registered process groups and
-    deletes the registered namespaces. Registration happens before each
-    resource exists, so nothing is ever unregistered.
-    """
-
-    def __init__(self, grace_period: float):
-        script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "watchdog.py")
-        self._process = subprocess.Popen(
-            [sys.executable, "-S", script, repr(float(grace_period))],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.DEVNULL,
-            stderr=None,
-            start_new_session=True,
-            close_fds=True,
-            text=True,
-        )
-
-    def _send(self, line: str) -> None:
-        with contextlib.suppress(BrokenPipeError, OSError, ValueError):
-            self._process.stdin.write(line + "\n")
-            self._process.stdin.flush()
-
-    def group(self, pgid: int) -> None:
-        """Registers a worker's process group."""
-        self._send(f"group {pgid}")
-
-    def namespace(self, ip: str, name: str) -> None:
-        """Registers a network namespace, deleted with ``ip netns delete``."""
-        self._send(f"netns {ip} {name}")
-
-    def done(self) -> None:
-        """The launcher cleaned up: the watchdog exits without touching anything."""
-        self._send("done")
-        with contextlib.suppress(OSError, ValueError):
-            self._process.stdin.close()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self._process.wait(_READER_JOIN_TIMEOUT)
-
-
-def _worker_env(
-    extra: Mapping[str, str] | None, ports: Sequence[int], hosts: Sequence[str], index: int
-) -> dict:
-    worker_env = dict(os.environ)
-    worker_env.update(extra or {})
-    worker_env.setdefault("PYTHONUNBUFFERED", "1")
-    worker_env["TF_CONFIG"] = json.dumps(make_tf_config(ports, index, hosts=hosts))
-    worker_env["TFCOMPRESS_WORKER_INDEX"] = str(index)
-    worker_env["TFCOMPRESS_NUM_WORKERS"] = str(len(ports))
-    return worker_env
-
-
-def _check_program_exists(
-    program: str, env: Mapping[str, str] | None, cwd: str | os.PathLike | None
-) -> None:
-    """Raises the ``FileNotFoundError`` that ``Popen`` would for a missing program."""
-    if os.sep in program:
-        found = os.access(os.path.join(cwd or os.curdir, program), os.X_OK)
-    else:
-        search_path = (env or {}).get("PATH", os.environ.get("PATH", os.defpath))
-        found = shutil.which(program, path=search_path) is not None
-    if not found:
-        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), program)
-
-
-class _Echo:
-    """Writes whole prefixed lines from many reader threads to one stream."""
-
-    def __init__(self, stream: TextIO | None):
-        self._stream = stream
-        self._lock = threading.Lock()
-
-    def write_line(self, index: int, line: str) -> None:
-        if self._stream is None:
-            return
-        with self._lock:
-            try:
-                self._stream.write(f"[worker {index}] {line}")
-                self._stream.flush()
-            except (OSError, ValueError):
-                # A closed or broken stream must not stop the reader: a worker whose
-                # pipe is never drained blocks on its next write.
-                self._stream = None
-
-
-def _read_output(pipe: IO[bytes], index: int, lines: list[str], echo: _Echo) -> None:
-    with pipe:
-        for raw in iter(pipe.readline, b""):
-            line = raw.decode("utf-8", errors="replace")
-            if not line.endswith("\n"):
-                line += "\n"
-            lines.append(line)
-            echo.write_line(index, line)
-
-
-def _stop_process_groups(processes: Sequence[subprocess.Popen], grace_period: float) -> None:
-    """SIGTERM every worker's process group, then SIGKILL what is left, then reap.
-
-    Groups whose leader already exited are signalled too, to take down any children
-    it left behind. A group id is not reused while the group has members, so the
-    signal cannot reach an unrelated process.
-    """
-    for process in processes:
-        signal_group(process.pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace_period
-    for process in processes:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(max(0.0, deadline - time.monotonic()))
-    for process in processes:
-        signal_group(process.pid, signal.SIGKILL)
-    for process in processes:
-        process.wait()
-    # SIGKILL is delivered asynchronously, and the workers' children are not ours to
-    # wait for; give them a moment to die so that none outlives the launcher.
-    deadline = time.monotonic() + _GROUP_EXIT_TIMEOUT
-    pgids = [process.pid for process in processes]
-    while pgids and time.monotonic() < deadline:
-        pgids = [pgid for pgid in pgids if group_has_live_members(pgid)]
-        if pgids:
-            time.sleep(_POLL_INTERVAL / 5)
-
-
-@contextlib.contextmanager
-def _sigterm_raises_system_exit() -> Iterator[None]:
-    """Turns SIGTERM and SIGHUP into ``SystemExit(128 + n)`` so cleanup runs first.
-
-    The workers are stopped, and network namespaces deleted, instead of being left to a
-    launcher killed outright. Only where Python allows it (main thread), and only for
-    the signals nobody installed a handler of their own for (or ignores, as ``nohup``
-    does SIGHUP), which are left alone.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    signums = [
-        signum
-        for signum in (signal.SIGTERM, signal.SIGHUP)
-        if signal.getsignal(signum) is signal.SIG_DFL
-    ]
-
-    def on_signal(signum: int, frame: object) -> None:
-        raise SystemExit(128 + signum)
-
-    for signum in signums:
-        signal.signal(signum, on_signal)
-    try:
-        yield
-    finally:
-        for signum in signums:
-            signal.signal(signum, signal.SIG_DFL)
-
-
-@contextlib.contextmanager
-def _signals_ignored() -> Iterator[None]:
-    """Holds off SIGINT, SIGTERM and SIGHUP while the workers are being stopped.
-
-    A second Ctrl-C during cleanup would otherwise abandon the workers it is stopping;
-    cleanup is bounded by the grace period, so nothing waits long.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = {
-        signum: signal.signal(signum, signal.SIG_IGN)
-        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-    }
-    try:
-        yield
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-
-
-def _shell_exit_status(code: int | None) -> int:
-    if code is None:
-        return 1
-    return 128 - code if code < 0 else code
-
-
-def _describe_exit(code: int | None) -> str:
-    if code is None:
-        return "was stopped by the launcher"
-    if code < 0:
-        try:
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = f"signal {-code}"
-        return f"was killed by {name}"
-    return f"exited with code {code}"
 
 
 # Command line: ``tfcompress launch`` (tfcompress/cli.py) and

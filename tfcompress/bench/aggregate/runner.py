@@ -1,0 +1,190 @@
+"""The driver of ``tfcompress bench aggregate``: checks the arguments, launches each cell.
+
+A cell (model, workers, link) is one launch of
+:mod:`~tfcompress.bench.aggregate.worker` on every worker (or, with
+``--cluster tf_config``, this task's share of it); the chief collects the
+rows and writes the table and plots (:mod:`~tfcompress.bench.aggregate.report`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import sys
+import tempfile
+
+from tfcompress.bench.aggregate.report import (
+    format_table,
+    plot_timeline,
+    plot_times,
+    rate_bits_per_second,
+)
+from tfcompress.bench.aggregate.rows import (
+    AGGREGATIONS,
+    DEFAULT_AGGREGATIONS,
+    DEFAULT_VARIANTS,
+    VARIANTS,
+)
+from tfcompress.bench.aggregate.worker import PROGRESS
+from tfcompress.bench.arguments import check_names, check_network, usage_error
+
+__all__ = ["main"]
+
+
+class _ProgressEcho:
+    """The launcher's echo stream: passes worker 0's progress lines on to stderr."""
+
+    def write(self, text: str) -> None:
+        prefix = "[worker 0] " + PROGRESS
+        if text.startswith(prefix):
+            sys.stderr.write("  " + text[len(prefix) :])
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
+def _echo_progress(line: str) -> None:
+    """Passes a ``--cluster tf_config`` chief's progress lines on to stderr."""
+    if line.startswith(PROGRESS):
+        sys.stderr.write("  " + line[len(PROGRESS) :])
+        sys.stderr.flush()
+
+
+def main(args: argparse.Namespace) -> int:
+    """Runs the benchmark matrix (see :mod:`tfcompress.bench.aggregate`) and prints the table.
+
+    With ``--cluster tf_config`` this process is one task of ``TF_CONFIG``'s
+    cluster: each model is one cell of that cluster's worker count, and only
+    the chief prints and writes the table.
+
+    Returns:
+      0, 2 on a bad argument or ``TF_CONFIG`` (before anything runs), or the
+      failed run's exit status.
+    """
+    from tfcompress.bench.cluster import (  # noqa: PLC0415
+        TF_CONFIG_LINK,
+        read_tf_config,
+        report_failure,
+        run_as_task,
+    )
+    from tfcompress.bench.models import MODELS  # noqa: PLC0415
+    from tfcompress.launch import launch  # noqa: PLC0415
+
+    def fail(message: str) -> int:
+        return usage_error(args, "aggregate", message)
+
+    aggregations = getattr(args, "aggregations", None)
+    for given, valid, option in (
+        (args.models, MODELS, "--models"),
+        (args.variants, VARIANTS, "--variants"),
+        (aggregations, AGGREGATIONS, "--aggregations"),
+    ):
+        message = check_names(given, valid, option)
+        if message:
+            return fail(message)
+    variants = args.variants or list(DEFAULT_VARIANTS)
+    aggregations = aggregations or list(DEFAULT_AGGREGATIONS)
+    cluster = getattr(args, "cluster", None) or "local"
+    rates = args.bandwidth
+    me = None
+    if cluster == "tf_config":
+        if args.workers is not None:
+            return fail("--workers: with --cluster tf_config the workers are TF_CONFIG's")
+        if rates is not None and len(rates) != 1:
+            return fail("--bandwidth: with --cluster tf_config, one rate (your links')")
+        try:
+            me = read_tf_config()
+        except ValueError as error:
+            return fail(str(error))
+        worker_counts = [me.num_workers]
+        rates = rates or [TF_CONFIG_LINK]
+    else:
+        worker_counts = args.workers or [2, 4]
+        rates = rates or ["100mbit", "1gbit"]
+    try:
+        for rate in rates:
+            rate_bits_per_second(rate)  # a bad rate fails before any launch
+    except ValueError as error:
+        return fail(str(error))
+    bad_count = next((n for n in worker_counts if n < 1), None)
+    if bad_count is not None:
+        return fail(f"--workers {bad_count}: must be >= 1")
+    if me is None:
+        message = check_network(rates, worker_counts)
+        if message:
+            return fail(message)
+    is_chief = me is None or me.is_chief
+    if is_chief:
+        out = pathlib.Path(args.out or tempfile.mkdtemp(prefix="tfcompress-bench-aggregate-"))
+        out.mkdir(parents=True, exist_ok=True)
+    else:  # the chief's worker writes the rows; this task's stay unwritten
+        out = pathlib.Path(tempfile.mkdtemp(prefix="tfcompress-bench-aggregate-task-"))
+    where = f" (as {me.task_type} {me.task_index} of TF_CONFIG's cluster)" if me else ""
+    results = []
+    cells = [(m, n, b) for m in args.models for n in worker_counts for b in rates]
+    for k, (model, n, rate) in enumerate(cells, 1):
+        print(
+            f"[{k}/{len(cells)}] {model}, {n} workers, {rate}{where}: timing {len(variants)} "
+            f"variants x {len(aggregations)} aggregations ...",
+            file=sys.stderr,
+            flush=True,
+        )
+        result_file = out / f"aggregate-{model}-{n}-{rate}.json"
+        command = [
+            sys.executable,
+            "-m",
+            "tfcompress.bench.aggregate",
+            "--worker",
+            "--model",
+            model,
+            "--repeats",
+            str(args.repeats),
+            "--out",
+            str(result_file),
+            "--variants",
+            *variants,
+            "--aggregations",
+            *aggregations,
+            "--gradients",
+            getattr(args, "gradients", "random"),
+        ]
+        env = {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": os.pathsep.join(sys.path)}
+        if me is None:
+            run = launch(
+                command,
+                n,
+                timeout=args.timeout,
+                stream=_ProgressEcho(),
+                env=env,
+                bandwidth=None if rate == "none" else rate,
+            )
+            if run.returncode != 0:
+                print(run.format_logs(), file=sys.stderr)
+                return run.returncode or 1
+        else:
+            echo = _echo_progress if is_chief else None
+            run = run_as_task(command, timeout=args.timeout, env=env, echo=echo)
+            if run.returncode != 0:
+                return report_failure("aggregate", f"{model}, {n} workers", run)
+        if not is_chief:
+            continue
+        for row in json.loads(result_file.read_text()):
+            row.update(model=model, workers=n, bandwidth=rate)
+            results.append(row)
+    if not is_chief:
+        print(f"{me.task_type} {me.task_index}: done; the chief writes the table", file=sys.stderr)
+        return 0
+    table = format_table(results)
+    print(table)
+    (out / "aggregate.json").write_text(json.dumps(results, indent=2))
+    (out / "aggregate.md").write_text(table + "\n")
+    written = [out / "aggregate.md"]
+    if args.plot:
+        plot_times(results, out / "aggregate.png")
+        written.append(out / "aggregate.png")
+        if plot_timeline(results, out / "aggregate-timeline.png"):
+            written.append(out / "aggregate-timeline.png")
+    print(f"\nwritten: {', '.join(map(str, written))}")
+    return 0
