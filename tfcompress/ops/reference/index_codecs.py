@@ -13,6 +13,12 @@ one reference that is not pure TensorFlow: DeepReduce's P2 policy is a
 sequential loop whose every step depends on the one before, so its checks and
 hashes are TensorFlow and its loop is plain Python (through
 ``tf.numpy_function``), the test oracle of the kernel.
+
+Kept in one module (over 700 lines): it is the reference of exactly one C++
+domain, as every module of :mod:`tfcompress.ops.reference` is, and its codecs
+share one set of run-time checks (the kernels' messages) and bit-stream
+helpers; split per codec, each file would import the same private helpers
+and the one-domain-one-reference rule of the op layer would be lost.
 """
 
 from __future__ import annotations
