@@ -5,7 +5,10 @@ tf.sysconfig where the wheel's headers and libtensorflow_framework are and
 which flags custom ops must use, links both folders into the repository and
 writes a BUILD with one cc_library, "tensorflow", holding the headers, the
 framework library and TensorFlow's -D flags, and flags.bzl with TF_COPTS
-(TensorFlow's other compile flags, e.g. --std=c++17). Nothing is downloaded.
+(TensorFlow's other compile flags, e.g. --std=c++17), TF_DEFINES (the -D
+flags again, for nvcc: //build_defs:cuda.bzl) and TF_CUDA_VERSION (the CUDA
+release TensorFlow was built with, e.g. "12.5.1"; "" for a CPU build).
+Nothing is downloaded.
 """
 
 _QUERY = """
@@ -17,6 +20,7 @@ print("TFCOMPRESS_TF " + json.dumps({
     "lib": tf.sysconfig.get_lib(),
     "compile": tf.sysconfig.get_compile_flags(),
     "link": tf.sysconfig.get_link_flags(),
+    "cuda": tf.sysconfig.get_build_info().get("cuda_version") or "",
 }))
 """
 
@@ -40,9 +44,13 @@ def _local_tensorflow_impl(ctx):
     ctx.symlink(tf["lib"] + "/" + framework, "lib/" + framework)
 
     ctx.file("flags.bzl", "\n".join([
-        '"""TensorFlow %s\'s compile flags other than -I and -D (those travel with @local_tensorflow//:tensorflow)."""' % tf["version"],
+        '"""TensorFlow %s\'s compile flags other than -I and -D (those travel with @local_tensorflow//:tensorflow), its -D flags for nvcc, its CUDA release."""' % tf["version"],
         "",
         "TF_COPTS = %s" % repr(copts),
+        "",
+        "TF_DEFINES = %s" % repr(defines),
+        "",
+        "TF_CUDA_VERSION = %s" % repr(tf["cuda"]),
         "",
     ]))
     ctx.file("BUILD", "\n".join([

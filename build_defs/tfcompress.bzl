@@ -5,19 +5,31 @@ top-level BUILD calls tfcompress_library over build_defs/domains.bzl. The same
 descriptions drive the pip build (tfcompress/ops/_build.py), so sources, copts
 and system libraries are stated once.
 
-GPU sources (a description's gpu_srcs) are left out of the Bazel build: Bazel
-4.2.3 has no CUDA rules offline, and the pip build compiles them with nvcc.
+GPU sources (a description's gpu_srcs) are compiled with nvcc when the
+build runs with --config=cuda (//build_defs:cuda.bzl: if_cuda, the nvcc
+genrules, the CUDA toolkit repository); otherwise the libraries hold the CPU
+kernels only, as the pip build's do without a CUDA toolkit.
 """
 
+load("//build_defs:cuda.bzl", "cuda_objects", "if_cuda")
 load("//custom_ops/common:description.bzl", _COMMON = "DESCRIPTION")
+load("@local_cuda//:defs.bzl", "CUDA")
 load("@local_tensorflow//:flags.bzl", "TF_COPTS")
 
 # Headers are included from the custom_ops folder ("bitpack/cc/kernels/bitpack.h"),
 # as the pip build's -I<custom_ops> does.
 _INCLUDE_ROOT = "/custom_ops"
 
+# With --config=cuda: the C++ sources' `#if GOOGLE_CUDA` GPU kernel
+# registrations, the CUDA headers they include and the runtime they link.
+_CUDA_COPTS = if_cuda(["-DGOOGLE_CUDA=1"])
+_CUDA_DEPS = if_cuda(["@local_cuda//:headers", "@local_cuda//:cudart_static"])
+
 def tfcompress_common(name, description):
     """The headers every domain includes (custom_ops/common).
+
+    Makes the cc_library `name` and the filegroup `name`_headers (the same
+    headers, as inputs of the nvcc genrules).
 
     Args:
       name: the cc_library's name.
@@ -29,26 +41,41 @@ def tfcompress_common(name, description):
         strip_include_prefix = _INCLUDE_ROOT,
         deps = ["@local_tensorflow//:tensorflow"],
     )
+    native.filegroup(
+        name = name + "_headers",
+        srcs = native.glob(description["hdrs"]),
+    )
 
 def tfcompress_domain(domain, description):
     """The kernels of one domain, as a library to link and as its own loadable op library.
 
     Makes <domain>_kernels (a cc_library linked whole, so that its op and
     kernel registrations survive the link), lib<domain>_ops.so (a shared
-    library for tf.load_op_library) and <domain>_ops (an alias of it).
+    library for tf.load_op_library) and <domain>_ops (an alias of it). With
+    --config=cuda the library also holds the domain's GPU kernels (one nvcc
+    genrule per gpu_srcs file).
 
     Args:
       domain: the folder's name, e.g. "bitpack".
       description: the folder's DESCRIPTION.
     """
+    hdrs = native.glob(description["hdrs"])
+    gpu_objects = cuda_objects(
+        name = domain,
+        srcs = native.glob(description["gpu_srcs"]),
+        hdrs = hdrs + ["//custom_ops/common:common_headers"],
+        include_root = _INCLUDE_ROOT[1:],
+        cuda = CUDA,
+    )
     native.cc_library(
         name = domain + "_kernels",
-        srcs = native.glob(description["srcs"], exclude = description["gpu_srcs"]),
-        hdrs = native.glob(description["hdrs"]),
+        srcs = native.glob(description["srcs"], exclude = description["gpu_srcs"]) +
+               if_cuda(gpu_objects),
+        hdrs = hdrs,
         strip_include_prefix = _INCLUDE_ROOT,
-        copts = TF_COPTS + _COMMON["copts"] + description["copts"],
+        copts = TF_COPTS + _COMMON["copts"] + description["copts"] + _CUDA_COPTS,
         linkopts = [opt for library in description["system_libraries"] for opt in library["linkopts"]],
-        deps = ["//custom_ops/common", "@local_tensorflow//:tensorflow"],
+        deps = ["//custom_ops/common", "@local_tensorflow//:tensorflow"] + _CUDA_DEPS,
         alwayslink = True,
     )
     native.cc_binary(

@@ -203,9 +203,9 @@ std::vector<uint8_t> VarintsOf(const CpuDevice& cpu,
                                const std::vector<int64_t>& indices) {
   const fn::VarintEncode<CpuDevice> encode;
   const int64_t r = static_cast<int64_t>(indices.size());
-  std::vector<uint8_t> data(encode.Count(cpu, indices.data(), r, nullptr),
-                            0xA5);
-  encode.Write(cpu, indices.data(), r, nullptr, data.data());
+  const fn::VarintLayout layout = encode.Count(cpu, indices.data(), r, nullptr);
+  std::vector<uint8_t> data(layout.bytes, 0xA5);
+  encode.Write(cpu, indices.data(), r, layout, nullptr, data.data());
   return data;
 }
 
@@ -254,14 +254,15 @@ void CheckCoders(Harness& harness, const std::string& label,
       using Encode = fn::VarintEncode<GpuDevice>;
       DeviceArray<int64_t> d_scratch(Encode::ScratchSize(r));
       d_scratch.Fill(0xA5);
-      const int64_t length =
+      const fn::VarintLayout layout =
           Encode().Count(gpu, d_indices.data(), r, d_scratch.data());
+      const int64_t length = layout.bytes;
       harness.Expect(length == static_cast<int64_t>(varints.size()),
                      "VarintEncode " + label + ": gpu vs cpu length");
       if (length == static_cast<int64_t>(varints.size())) {
         DeviceArray<uint8_t> d_data(length);
         d_data.Fill(0x5A);
-        Encode().Write(gpu, d_indices.data(), r, d_scratch.data(),
+        Encode().Write(gpu, d_indices.data(), r, layout, d_scratch.data(),
                        d_data.data());
         const std::vector<uint8_t> gpu_data = d_data.Download();
         harness.ExpectSameBytes("VarintEncode " + label + ": gpu vs cpu",
@@ -508,13 +509,15 @@ void TimeCodersOnGpu(Harness& harness, const std::vector<int64_t>& indices,
   {
     using Encode = fn::VarintEncode<GpuDevice>;
     DeviceArray<int64_t> d_scratch(Encode::ScratchSize(r));
-    const int64_t length =
+    const fn::VarintLayout layout =
         Encode().Count(gpu, d_indices.data(), r, d_scratch.data());
+    const int64_t length = layout.bytes;
     DeviceArray<uint8_t> d_data(length);
     harness.Throughput(
         "VarintEncode 1%", "gpu", d, dense_bytes, harness.TimeGpu([&] {
-          Encode().Count(gpu, d_indices.data(), r, d_scratch.data());
-          Encode().Write(gpu, d_indices.data(), r, d_scratch.data(),
+          const fn::VarintLayout again =
+              Encode().Count(gpu, d_indices.data(), r, d_scratch.data());
+          Encode().Write(gpu, d_indices.data(), r, again, d_scratch.data(),
                          d_data.data());
         }));
     using Decode = fn::VarintDecode<GpuDevice>;

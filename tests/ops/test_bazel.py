@@ -4,20 +4,29 @@ Bazel reads the same build descriptions as the pip build
 (custom_ops/<domain>/description.bzl) and takes TensorFlow's headers and
 framework library from the installed wheel (build_defs/tensorflow.bzl), with no
 network. The test is skipped where no ``bazel`` is installed (Debian:
-``apt-get install bazel-bootstrap bazel-bootstrap-source``, see docs/BUILDING.md).
+``apt-get install bazel-bootstrap bazel-bootstrap-source``, see docs/howto/build-the-ops.md).
 
 By default it builds one small domain, ``//custom_ops/bitpack:bitpack_ops``,
 through the same rules as the whole library (CI time);
 ``TFCOMPRESS_BAZEL_TARGET=//:tfcompress_ops`` builds and checks every domain.
 Bazel's output root is ``$TFCOMPRESS_CACHE_DIR/bazel`` (or
 ``~/.cache/tfcompress/bazel``), so a second run reuses the first one's work.
+
+``--config=cuda`` (build_defs/cuda.bzl) compiles the domains' GPU sources with
+the installed CUDA toolkit's nvcc; where a toolkit and Bazel are installed, a
+slow test builds the same target that way (taking the toolkit whatever its CUDA
+major version, as tests/ops/test_gpu_library.py does for the pip build) and
+checks that every op of the domain has a GPU kernel. Another test checks that
+the Bazel rule's nvcc flags and GPU architectures are the pip build's.
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -28,6 +37,7 @@ import pytest
 from tfcompress.ops import _build
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
+CUDA_BZL = REPO_ROOT / "build_defs" / "cuda.bzl"
 
 # Each target and what it builds: its library's path under bazel-bin, its domains.
 TARGETS = {
@@ -90,28 +100,42 @@ RUN_SCRIPT = textwrap.dedent(
 )
 
 
+# Loads a Bazel-built library in a fresh process and reports the devices each
+# of its tfcompress ops has kernels for.
+DEVICES_SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    import tensorflow as tf
+    from tensorflow.python.framework import kernels
+
+    tf.load_op_library(sys.argv[1])
+    devices = {
+        name: sorted({k.device_type for k in kernels.get_registered_kernels_for_op(
+            "TFCompress>" + name).kernel})
+        for name in sys.argv[2].split(",")
+    }
+    print("REPORT " + json.dumps(devices))
+    """
+)
+
+
 def _bazel() -> str:
     bazel = shutil.which("bazel")
     if bazel is None:
         pytest.skip(
             "bazel is not installed (apt-get install bazel-bootstrap bazel-bootstrap-source; "
-            "docs/BUILDING.md): the Bazel build is not checked here"
+            "docs/howto/build-the-ops.md): the Bazel build is not checked here"
         )
     return bazel
 
 
-@pytest.mark.slow
-def test_bazel_builds_a_library_that_loads_and_runs_each_domains_op(tmp_path):
-    bazel = _bazel()
-    target = os.environ.get("TFCOMPRESS_BAZEL_TARGET", "//custom_ops/bitpack:bitpack_ops")
-    if target not in TARGETS:
-        pytest.fail(f"TFCOMPRESS_BAZEL_TARGET={target} is none of {sorted(TARGETS)}")
-    output, domains = TARGETS[target]
+def _bazel_build(bazel: str, target: str, options: list[str]) -> pathlib.Path:
+    """Builds `target` with `options`; returns the bazel-bin folder of that configuration."""
     startup = [bazel, f"--output_user_root={_build.cache_dir() / 'bazel'}"]
     environment = dict(os.environ, PYTHON_BIN_PATH=sys.executable)
     try:
         built = subprocess.run(
-            [*startup, "build", "--symlink_prefix=/", target],
+            [*startup, "build", "--symlink_prefix=/", *options, target],
             cwd=REPO_ROOT,
             env=environment,
             capture_output=True,
@@ -120,7 +144,7 @@ def test_bazel_builds_a_library_that_loads_and_runs_each_domains_op(tmp_path):
         )
         assert built.returncode == 0, built.stderr[-6000:]
         bazel_bin = subprocess.run(
-            [*startup, "info", "bazel-bin"],
+            [*startup, "info", *options, "bazel-bin"],
             cwd=REPO_ROOT,
             env=environment,
             capture_output=True,
@@ -130,22 +154,42 @@ def test_bazel_builds_a_library_that_loads_and_runs_each_domains_op(tmp_path):
         ).stdout.strip()
     finally:  # no Bazel server left running after the test (its files stay cached)
         subprocess.run([*startup, "shutdown"], cwd=REPO_ROOT, capture_output=True, timeout=300)
-    library = pathlib.Path(bazel_bin) / output
-    assert library.is_file(), built.stderr[-3000:]
-    if domains is None:
-        domains = ("bitpack", "index_codecs", "quantize", "sparsify", "timing", "value_codecs")
+    return pathlib.Path(bazel_bin)
 
+
+def _report(script: str, args: list[str], cwd: pathlib.Path, env: dict | None = None):
+    """Runs `script` in a fresh Python with `args`; returns the JSON of its REPORT line."""
     run = subprocess.run(
-        [sys.executable, "-c", RUN_SCRIPT, str(library), ",".join(domains)],
-        cwd=tmp_path,
-        env=dict(os.environ, PYTHONPATH=str(REPO_ROOT), TFCOMPRESS_OPS="kernel"),
+        [sys.executable, "-c", script, *args],
+        cwd=cwd,
+        env=env,
         capture_output=True,
         text=True,
         timeout=600,
     )
     assert run.returncode == 0, run.stderr[-4000:]
     (line,) = [x for x in run.stdout.splitlines() if x.startswith("REPORT ")]
-    report = json.loads(line[len("REPORT ") :])
+    return json.loads(line[len("REPORT ") :])
+
+
+@pytest.mark.slow
+def test_bazel_builds_a_library_that_loads_and_runs_each_domains_op(tmp_path):
+    bazel = _bazel()
+    target = os.environ.get("TFCOMPRESS_BAZEL_TARGET", "//custom_ops/bitpack:bitpack_ops")
+    if target not in TARGETS:
+        pytest.fail(f"TFCOMPRESS_BAZEL_TARGET={target} is none of {sorted(TARGETS)}")
+    output, domains = TARGETS[target]
+    library = _bazel_build(bazel, target, []) / output
+    assert library.is_file(), library
+    if domains is None:
+        domains = ("bitpack", "index_codecs", "quantize", "sparsify", "timing", "value_codecs")
+
+    report = _report(
+        RUN_SCRIPT,
+        [str(library), ",".join(domains)],
+        tmp_path,
+        env=dict(os.environ, PYTHONPATH=str(REPO_ROOT), TFCOMPRESS_OPS="kernel"),
+    )
     assert report == {domain: True for domain in domains}, report
 
 
@@ -157,3 +201,48 @@ def test_the_bazel_targets_name_every_domain():
         sorted(t.split(":")[1][: -len("_ops")] for t in TARGETS if t.startswith("//custom"))
         == names
     )
+
+
+def _bzl_list(name: str) -> list[str]:
+    """The list literal assigned to `name` in build_defs/cuda.bzl."""
+    match = re.search(rf"^{name} = (\[.*?\])$", CUDA_BZL.read_text(), re.M | re.S)
+    assert match, f"no `{name} = [...]` in {CUDA_BZL}"
+    return ast.literal_eval(match[1])
+
+
+def test_the_bazel_nvcc_flags_and_gpu_archs_are_the_pip_builds():
+    assert _bzl_list("NVCC_FLAGS") == list(_build._NVCC_FLAGS)
+    assert _bzl_list("GPU_ARCHS") == list(_build.GPU_ARCHS)
+
+
+def _cuda_home() -> pathlib.Path | None:
+    """A CUDA toolkit with nvcc, the headers and the static runtime, as build_defs/cuda.bzl wants."""
+    candidates = [pathlib.Path(os.environ["CUDA_HOME"])] if os.environ.get("CUDA_HOME") else []
+    candidates += sorted(pathlib.Path("/usr/local").glob("cuda*"), reverse=True)
+    for home in candidates:
+        if (
+            (home / "bin" / "nvcc").is_file()
+            and (home / "include" / "cuda_runtime.h").is_file()
+            and any((home / lib / "libcudart_static.a").is_file() for lib in ("lib64", "lib"))
+        ):
+            return home
+    return None
+
+
+@pytest.mark.slow
+def test_bazel_config_cuda_builds_the_gpu_kernels(tmp_path):
+    bazel = _bazel()
+    home = _cuda_home()
+    if home is None:
+        pytest.skip("no CUDA toolkit (nvcc, cuda_runtime.h, libcudart_static.a) to build with")
+    output, domains = TARGETS["//custom_ops/bitpack:bitpack_ops"]
+    options = [
+        "--config=cuda",
+        f"--repo_env=CUDA_HOME={home}",
+        "--repo_env=TFCOMPRESS_BAZEL_ANY_CUDA=1",
+    ]
+    library = _bazel_build(bazel, "//custom_ops/bitpack:bitpack_ops", options) / output
+    assert library.is_file(), library
+    ops_of_domain = ["PackBits", "UnpackBits", "PackSigns", "UnpackSigns"]
+    devices = _report(DEVICES_SCRIPT, [str(library), ",".join(ops_of_domain)], tmp_path)
+    assert devices == {name: ["CPU", "GPU"] for name in ops_of_domain}, devices

@@ -19,6 +19,7 @@
 #include "absl/status/status.h"
 #include "bitpack/cc/kernels/bitpack_cpu.h"
 #include "common/cc/op_prefix.h"
+#include "common/cc/scratch.h"
 #include "common/cc/tf_device.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/register_types.h"
@@ -130,17 +131,16 @@ class PackBitsOp : public OpKernel {
                        0, TensorShape({PackedByteCount(n, bits_)}), &packed));
     if (n == 0) return;
 
-    Tensor flag;  // the functor's error flag, in the device's memory
-    OP_REQUIRES_OK(context,
-                   context->allocate_temp(DT_INT64, TensorShape({}), &flag));
+    FunctorScratch flag;  // the functor's error flag, in the device's memory
+    OP_REQUIRES_OK(context, flag.AllocateWords(context, 1));
     const Device device = MakeDevice<Device>(context);
     const T* data = values.flat<T>().data();
     functor::PackBits<Device, T>()(device, bits_, data, n,
                                    packed->flat<uint8_t>().data(),
-                                   flag.scalar<int64_t>().data());
+                                   flag.words());
     int64_t first_bad = n;
-    OP_REQUIRES_OK(context, CopyToHost(device, flag.scalar<int64_t>().data(),
-                                       &first_bad, sizeof(first_bad)));
+    OP_REQUIRES_OK(context, CopyToHost(device, flag.words(), &first_bad,
+                                       sizeof(first_bad)));
     if (first_bad == n) return;
     T bad_value{};
     OP_REQUIRES_OK(context, CopyToHost(device, data + first_bad, &bad_value,

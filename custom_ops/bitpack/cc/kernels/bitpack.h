@@ -7,17 +7,16 @@
 // occupies stream bits [i * bits, (i + 1) * bits), LSB first, and stream bit
 // j is bit j % 8 of byte j / 8. The signs are the same stream with bits = 1.
 //
-// Where the definitions live: the CpuDevice ones in bitpack_cpu.h
-// (TensorFlow-free too, so the harness in custom_ops/gpu_check can
-// instantiate them; bitpack.cc instantiates them for the kernels), the
-// GpuDevice ones in bitpack_gpu.cu.cc (CUDA builds, GOOGLE_CUDA).
+// Where the definitions live: the CpuDevice ones of PackBits / UnpackBits in
+// bitpack_cpu.h (TensorFlow-free too, so the harness in custom_ops/gpu_check
+// can instantiate them; bitpack.cc instantiates them for the kernels), the
+// GpuDevice ones in bitpack_gpu.cu.cc (CUDA builds, GOOGLE_CUDA); those of
+// PackSigns / UnpackSigns, one for both devices, at the end of this file.
 //
 // Element types: T of PackBits / UnpackBits is uint8_t, int32_t or int64_t;
 // T of PackSigns is Half, BFloat16, float or double
 // (common/cc/float16_types.h), and UnpackSigns also writes int8_t, int16_t,
-// int32_t and int64_t. All pointers are in the device's memory; on a GPU,
-// `packed` of PackSigns is 4-byte aligned (as every tensor and cudaMalloc
-// buffer is).
+// int32_t and int64_t. All pointers are in the device's memory.
 
 #ifndef TFCOMPRESS_BITPACK_CC_KERNELS_BITPACK_H_
 #define TFCOMPRESS_BITPACK_CC_KERNELS_BITPACK_H_
@@ -29,6 +28,7 @@
 #include "common/cc/bit_stream.h"
 #include "common/cc/device.h"
 #include "common/cc/float16_types.h"
+#include "common/cc/sign_stream.h"
 
 namespace tensorflow {
 namespace tfcompress {
@@ -64,6 +64,27 @@ TFC_HOST_DEVICE inline bool IsNegativeForSigns(Half x) {
   return static_cast<uint16_t>(x.bits - 0x8001u) < 0x7C00u;
 }
 
+// IsNegativeForSigns as a functor, the sign test PackSigns hands the one sign
+// packer (common/cc/sign_stream.h and its CUDA twin).
+struct NegativeForSigns {
+  template <typename T>
+  TFC_HOST_DEVICE bool operator()(T x) const {
+    return IsNegativeForSigns(x);
+  }
+};
+
+// +1 (negative false) or -1 (negative true) as T: what UnpackSigns writes.
+template <typename T>
+TFC_HOST_DEVICE inline T UnitSign(bool negative) {
+  if constexpr (std::is_same_v<T, Half>) {
+    return Half{static_cast<uint16_t>(negative ? 0xBC00u : 0x3C00u)};
+  } else if constexpr (std::is_same_v<T, BFloat16>) {
+    return BFloat16{static_cast<uint16_t>(negative ? 0xBF80u : 0x3F80u)};
+  } else {
+    return negative ? T(-1) : T(1);
+  }
+}
+
 // Whether `value` is a valid code of `bits` bits: 0 <= value < 2^bits.
 template <typename T>
 TFC_HOST_DEVICE inline bool FitsInStreamBits(T value, int bits) {
@@ -88,14 +109,22 @@ struct UnpackBits;
 
 // Writes one bit per element of the n `x` into `packed`
 // (PackedByteCount(n, 1) bytes): 1 where IsNegativeForSigns(x[i]), the
-// padding bits zero.
+// padding bits zero. Defined once for both devices (at the end of this
+// file): the one sign packer, which SignEncode of quantize shares.
 template <typename Device, typename T>
-struct PackSigns;
+struct PackSigns {
+  void operator()(const Device& device, const T* x, int64_t n,
+                  uint8_t* packed) const;
+};
 
 // Reads n signs from `packed` (PackedByteCount(n, 1) bytes): y[i] = -1 where
-// stream bit i is 1, +1 where it is 0.
+// stream bit i is 1, +1 where it is 0 (UnitSign<T>). Defined once for both
+// devices, as PackSigns.
 template <typename Device, typename T>
-struct UnpackSigns;
+struct UnpackSigns {
+  void operator()(const Device& device, const uint8_t* packed, int64_t n,
+                  T* y) const;
+};
 
 // The CPU functors (defined in bitpack_cpu.h). *first_bad is host memory.
 template <typename T>
@@ -107,16 +136,6 @@ template <typename T>
 struct UnpackBits<CpuDevice, T> {
   void operator()(const CpuDevice& device, int bits, const uint8_t* packed,
                   int64_t n, T* values) const;
-};
-template <typename T>
-struct PackSigns<CpuDevice, T> {
-  void operator()(const CpuDevice& device, const T* x, int64_t n,
-                  uint8_t* packed) const;
-};
-template <typename T>
-struct UnpackSigns<CpuDevice, T> {
-  void operator()(const CpuDevice& device, const uint8_t* packed, int64_t n,
-                  T* y) const;
 };
 
 #if GOOGLE_CUDA
@@ -131,16 +150,6 @@ template <typename T>
 struct UnpackBits<GpuDevice, T> {
   void operator()(const GpuDevice& device, int bits, const uint8_t* packed,
                   int64_t n, T* values) const;
-};
-template <typename T>
-struct PackSigns<GpuDevice, T> {
-  void operator()(const GpuDevice& device, const T* x, int64_t n,
-                  uint8_t* packed) const;
-};
-template <typename T>
-struct UnpackSigns<GpuDevice, T> {
-  void operator()(const GpuDevice& device, const uint8_t* packed, int64_t n,
-                  T* y) const;
 };
 
 extern template struct PackBits<GpuDevice, uint8_t>;
@@ -162,6 +171,25 @@ extern template struct UnpackSigns<GpuDevice, int16_t>;
 extern template struct UnpackSigns<GpuDevice, int32_t>;
 extern template struct UnpackSigns<GpuDevice, int64_t>;
 #endif  // GOOGLE_CUDA
+
+// The sign functors of both devices: one call of the one sign packer, whose
+// overload for the device runs it (common/cc/sign_stream.h for the CPU,
+// sign_stream_gpu.cu.h for a GPU). Not inline: the CPU ones are instantiated
+// in bitpack.cc (and by the harness), the GPU ones in bitpack_gpu.cu.cc,
+// where the GPU overloads are declared.
+template <typename Device, typename T>
+void PackSigns<Device, T>::operator()(const Device& device, const T* x,
+                                      int64_t n, uint8_t* packed) const {
+  PackSignStream(device, x, n, NegativeForSigns(), packed);
+}
+
+template <typename Device, typename T>
+void UnpackSigns<Device, T>::operator()(const Device& device,
+                                        const uint8_t* packed, int64_t n,
+                                        T* y) const {
+  UnpackSignStream(device, packed, n, UnitSign<T>(false), UnitSign<T>(true),
+                   y);
+}
 
 }  // namespace functor
 }  // namespace tfcompress

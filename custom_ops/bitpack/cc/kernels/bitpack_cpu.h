@@ -1,8 +1,8 @@
 // Copyright 2025 The tfcompress Authors. Licensed under the Apache License 2.0.
 //
-// CPU definitions of the bitpack functors (bitpack.h), TensorFlow-free: the
-// kernels (bitpack.cc) and the GPU harness (custom_ops/gpu_check) include
-// this file.
+// CPU definitions of PackBits / UnpackBits (bitpack.h, which defines
+// PackSigns / UnpackSigns for both devices), TensorFlow-free: the kernels
+// (bitpack.cc) and the GPU harness (custom_ops/gpu_check) include this file.
 //
 // Blocks: the stream is processed in blocks of kBlock = 64 values, which fill
 // exactly 8 * bits bytes for every `bits`. Every block starts on a byte
@@ -24,11 +24,6 @@
 // The range check of PackBits ORs the values of a block together (part of the
 // vectorised loop) and tests the result once per block; only a block that
 // fails is scanned again for the offending index.
-//
-// PackSigns turns a block of x into byte flags (IsNegativeForSigns, a
-// vectorised loop on the bits) and packs them like bits = 1; UnpackSigns
-// expands the bits to byte flags and turns them into the bit patterns of
-// +1 / -1 (another vectorised loop).
 //
 // The block at the end of the stream, which may be partial, goes through a
 // zero-padded copy on the stack, so the fast code never reads or writes past
@@ -278,79 +273,6 @@ UnpackBlocksFn<T> UnpackBlocksFor(int bits) {
   return kTable[bits - 1];
 }
 
-// --- signs --------------------------------------------------------------------
-
-// flags[i] = 1 where x[i] counts as negative (IsNegativeForSigns), for
-// kBlock elements; a branch-free loop on the bits that g++ vectorises.
-template <typename T>
-inline void NegativeFlags(const T* x, uint8_t* flags) {
-  for (int i = 0; i < kBlock; ++i) flags[i] = IsNegativeForSigns(x[i]);
-}
-
-// Bit patterns of +1 for the floating-point types; -1 adds the sign bit.
-template <typename T>
-struct FloatBits;
-template <>
-struct FloatBits<Half> {
-  using Word = uint16_t;
-  static constexpr Word kOne = 0x3C00;
-};
-template <>
-struct FloatBits<BFloat16> {
-  using Word = uint16_t;
-  static constexpr Word kOne = 0x3F80;
-};
-template <>
-struct FloatBits<float> {
-  using Word = uint32_t;
-  static constexpr Word kOne = 0x3F800000u;
-};
-template <>
-struct FloatBits<double> {
-  using Word = uint64_t;
-  static constexpr Word kOne = 0x3FF0000000000000ull;
-};
-
-// y[i] = -1 where flags[i] is 1, +1 where it is 0, for kBlock elements.
-template <typename T>
-inline void SignsFromFlags(const uint8_t* flags, T* y) {
-  if constexpr (std::is_integral_v<T>) {
-    for (int i = 0; i < kBlock; ++i) {
-      y[i] = static_cast<T>(1 - 2 * static_cast<int>(flags[i]));
-    }
-  } else {
-    using Word = typename FloatBits<T>::Word;
-    static_assert(sizeof(Word) == sizeof(T), "bit pattern of T");
-    constexpr int kSignShift = 8 * sizeof(Word) - 1;
-    Word words[kBlock];
-    for (int i = 0; i < kBlock; ++i) {
-      words[i] = static_cast<Word>(FloatBits<T>::kOne |
-                                   (static_cast<Word>(flags[i]) << kSignShift));
-    }
-    std::memcpy(static_cast<void*>(y), words, sizeof(words));
-  }
-}
-
-template <typename T>
-inline void PackSignsBlock(const T* x, uint8_t* dst) {
-  alignas(16) uint8_t flags[kBlock];
-  NegativeFlags(x, flags);
-TFC_UNROLL
-  for (int k = 0; k < 8; ++k) {
-    dst[k] = static_cast<uint8_t>(PackLanes<1>(LoadLE<8>(flags + 8 * k)));
-  }
-}
-
-template <typename T>
-inline void UnpackSignsBlock(const uint8_t* src, T* y) {
-  alignas(16) uint8_t flags[kBlock];
-TFC_UNROLL
-  for (int k = 0; k < 8; ++k) {
-    StoreLE<8>(flags + 8 * k, UnpackLanes<1>(src[k]));
-  }
-  SignsFromFlags(flags, y);
-}
-
 // Relaxed atomic minimum: lowers *first to index if it is smaller.
 inline void RecordFirst(std::atomic<int64_t>* first, int64_t index) {
   int64_t current = first->load();
@@ -387,54 +309,6 @@ void UnpackBits<CpuDevice, T>::operator()(const CpuDevice& device, int bits,
   ParallelFor(device, (n + kBlock - 1) / kBlock, kBlockCost,
               [&](int64_t first, int64_t last) {
                 unpack(packed, length, values, n, first, last);
-              });
-}
-
-template <typename T>
-void PackSigns<CpuDevice, T>::operator()(const CpuDevice& device, const T* x,
-                                         int64_t n, uint8_t* packed) const {
-  using namespace bitpack_internal;  // NOLINT(build/namespaces)
-  ParallelFor(device, (n + kBlock - 1) / kBlock, kBlockCost,
-              [&](int64_t first, int64_t last) {
-                for (int64_t b = first; b < last; ++b) {
-                  const int64_t begin = b * kBlock;
-                  const int64_t count = std::min<int64_t>(kBlock, n - begin);
-                  if (count == kBlock) {
-                    PackSignsBlock(x + begin, packed + 8 * b);
-                  } else {
-                    // +0 after the end: the padding bits come out zero.
-                    T values[kBlock] = {};
-                    std::copy_n(x + begin, count, values);
-                    uint8_t bytes[8];
-                    PackSignsBlock(values, bytes);
-                    std::memcpy(packed + 8 * b, bytes, (count + 7) / 8);
-                  }
-                }
-              });
-}
-
-template <typename T>
-void UnpackSigns<CpuDevice, T>::operator()(const CpuDevice& device,
-                                           const uint8_t* packed, int64_t n,
-                                           T* y) const {
-  using namespace bitpack_internal;  // NOLINT(build/namespaces)
-  const int64_t length = PackedByteCount(n, 1);
-  ParallelFor(device, (n + kBlock - 1) / kBlock, kBlockCost,
-              [&](int64_t first, int64_t last) {
-                for (int64_t b = first; b < last; ++b) {
-                  const int64_t begin = b * kBlock;
-                  const int64_t count = std::min<int64_t>(kBlock, n - begin);
-                  if (count == kBlock) {
-                    UnpackSignsBlock(packed + 8 * b, y + begin);
-                  } else {
-                    uint8_t bytes[8] = {};
-                    std::memcpy(bytes, packed + 8 * b,
-                                std::min<int64_t>(8, length - 8 * b));
-                    T values[kBlock];
-                    UnpackSignsBlock(bytes, values);
-                    std::copy_n(values, count, y + begin);
-                  }
-                }
               });
 }
 

@@ -29,6 +29,7 @@
 #include "common/cc/device.h"
 #include "common/cc/kernel_checks.h"
 #include "common/cc/op_prefix.h"
+#include "common/cc/scratch.h"
 #include "common/cc/tf_device.h"
 #include "index_codecs/cc/kernels/index_codecs_cpu.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -58,12 +59,12 @@ absl::Status CheckIndices(OpKernelContext* context, const char* op,
                           const Device& device, const Tensor& tensor,
                           int64_t dense_length) {
   TF_RETURN_IF_ERROR(CheckVector(op, "indices", tensor));
-  Tensor scratch;
-  TF_RETURN_IF_ERROR(context->allocate_temp(
-      DT_INT64, TensorShape({functor::kPositionCheckScratchSize}), &scratch));
+  FunctorScratch scratch;
+  TF_RETURN_IF_ERROR(
+      scratch.AllocateWords(context, functor::kPositionCheckScratchSize));
   const functor::PositionError error = functor::CheckPositions<Device>()(
       device, tensor.flat<int64_t>().data(), tensor.NumElements(),
-      dense_length, scratch.flat<int64_t>().data());
+      dense_length, scratch.words());
   if (error.at < 0) return absl::OkStatus();
   if (error.out_of_range) {
     return InvalidArgument(op, ": `indices[", error.at, "]` = ", error.value,
@@ -74,6 +75,23 @@ absl::Status CheckIndices(OpKernelContext* context, const char* op,
                          "indices[",
                          error.at - 1, "] = ", error.previous, " and indices[",
                          error.at, "] = ", error.value);
+}
+
+// The inputs every encoder starts from: `dense_length` (input 1, read into
+// *d) and `indices` (input 0), checked against it.
+template <typename Device>
+absl::Status ReadIndices(OpKernelContext* context, const char* op,
+                         const Device& device, int64_t* d) {
+  TF_RETURN_IF_ERROR(ReadDenseLength(op, context->input(1), d));
+  return CheckIndices(context, op, device, context->input(0), *d);
+}
+
+// The inputs every decoder starts from: the 1-D payload (input 0, named
+// `what` in messages) and `dense_length` (input 1, read into *d).
+absl::Status ReadPayload(OpKernelContext* context, const char* op,
+                         const char* what, int64_t* d) {
+  TF_RETURN_IF_ERROR(CheckVector(op, what, context->input(0)));
+  return ReadDenseLength(op, context->input(1), d);
 }
 
 // The InvalidArgument of a decoder's counting pass.
@@ -138,10 +156,10 @@ absl::Status OutputBitmapPositions(OpKernelContext* context,
                                    const Device& device, const uint8_t* bitmap,
                                    int64_t bytes) {
   using Positions = functor::BitmapPositions<Device>;
-  Tensor scratch;
-  TF_RETURN_IF_ERROR(context->allocate_temp(
-      DT_INT64, TensorShape({Positions::ScratchSize(bytes)}), &scratch));
-  int64_t* block_counts = scratch.flat<int64_t>().data();
+  FunctorScratch scratch;
+  TF_RETURN_IF_ERROR(
+      scratch.AllocateWords(context, Positions::ScratchSize(bytes)));
+  int64_t* block_counts = scratch.words();
   const Positions positions;
   const int64_t count = positions.Count(device, bitmap, bytes, block_counts);
   Tensor* output = nullptr;
@@ -150,13 +168,6 @@ absl::Status OutputBitmapPositions(OpKernelContext* context,
   positions.Write(device, bitmap, bytes, block_counts,
                   output->flat<int64_t>().data());
   return absl::OkStatus();
-}
-
-// A temporary of `size` int64 values of the device's memory: the scratch of
-// the run-length and varint functors (empty for the CPU's).
-absl::Status AllocateScratch(OpKernelContext* context, int64_t size,
-                             Tensor* scratch) {
-  return context->allocate_temp(DT_INT64, TensorShape({size}), scratch);
 }
 
 // Checks the Bloom parameters shared by BloomInsert and BloomQuery.
@@ -186,13 +197,10 @@ class BitmapEncodeOp : public OpKernel {
   explicit BitmapEncodeOp(OpKernelConstruction* context) : OpKernel(context) {}
 
   void Compute(OpKernelContext* context) override {
-    int64_t d = 0;
-    OP_REQUIRES_OK(context,
-                   ReadDenseLength("BitmapEncode", context->input(1), &d));
     const Device device = MakeDevice<Device>(context);
+    int64_t d = 0;
+    OP_REQUIRES_OK(context, ReadIndices(context, "BitmapEncode", device, &d));
     const Tensor& indices = context->input(0);
-    OP_REQUIRES_OK(context, CheckIndices(context, "BitmapEncode", device,
-                                         indices, d));
     Tensor* output = nullptr;
     OP_REQUIRES_OK(context, context->allocate_output(
                                 0, TensorShape({(d + 7) / 8}), &output));
@@ -208,11 +216,9 @@ class BitmapDecodeOp : public OpKernel {
   explicit BitmapDecodeOp(OpKernelConstruction* context) : OpKernel(context) {}
 
   void Compute(OpKernelContext* context) override {
-    const Tensor& data = context->input(0);
-    OP_REQUIRES_OK(context, CheckVector("BitmapDecode", "data", data));
     int64_t d = 0;
-    OP_REQUIRES_OK(context,
-                   ReadDenseLength("BitmapDecode", context->input(1), &d));
+    OP_REQUIRES_OK(context, ReadPayload(context, "BitmapDecode", "data", &d));
+    const Tensor& data = context->input(0);
     const int64_t bytes = data.NumElements();
     OP_REQUIRES(context, bytes == (d + 7) / 8,
                 InvalidArgument("BitmapDecode: corrupted payload: a bitmap of ",
@@ -230,148 +236,117 @@ class BitmapDecodeOp : public OpKernel {
   }
 };
 
-// --- run length ------------------------------------------------------------
+// --- run length and varint: the two-pass kernels -----------------------------
 //
-// Every run costs at least one bit of the body: when all codes of both
-// streams are 0 (the index set {0, 2, 4, ...}) the encoder writes a zero-run
-// width of 1, and the decoder rejects zero widths with runs > 0. So the
-// number of runs, the length of the decoder's header-chosen loop, is bounded
-// by 8 * (bytes - 10), the payload size, whatever the dense length; and the
-// positions it writes are bounded by the dense length.
+// Both byte codecs are two-pass coders of one shape (index_codecs.h): the
+// encoder's counting pass sizes the payload, its writing pass fills it; the
+// decoder's counting pass checks the payload and counts its positions, its
+// writing pass lists them. One encoding and one decoding kernel serve both,
+// through a codec's traits: its functors, the op names its messages carry
+// and the shortest payload its decoder reads.
+//
+// Run length: every run costs at least one bit of the body: when all codes
+// of both streams are 0 (the index set {0, 2, 4, ...}) the encoder writes a
+// zero-run width of 1, and the decoder rejects zero widths with runs > 0. So
+// the number of runs, the length of the decoder's header-chosen loop, is
+// bounded by 8 * (bytes - 10), the payload size, whatever the dense length;
+// and the positions it writes are bounded by the dense length.
+//
+// Delta + varint: the count makes truncation at a varint boundary
+// detectable.
 
-template <typename Device>
-class RunLengthEncodeOp : public OpKernel {
+// A byte codec's functors, for the kernels below: Encoder<Device> and
+// Decoder<Device>.
+template <template <typename> class EncoderOf,
+          template <typename> class DecoderOf>
+struct CodecFunctors {
+  template <typename Device>
+  using Encoder = EncoderOf<Device>;
+  template <typename Device>
+  using Decoder = DecoderOf<Device>;
+};
+
+struct RunLengthCodec
+    : CodecFunctors<functor::RunLengthEncode, functor::RunLengthDecode> {
+  static constexpr const char* kEncodeOp = "RunLengthEncode";
+  static constexpr const char* kDecodeOp = "RunLengthDecode";
+
+  // OK when a payload of `bytes` bytes holds at least the header.
+  static absl::Status CheckLength(int64_t bytes) {
+    if (bytes >= kRunLengthHeaderBytes) return absl::OkStatus();
+    return InvalidArgument("RunLengthDecode: corrupted payload: ", bytes,
+                           " bytes, shorter than the ", kRunLengthHeaderBytes,
+                           "-byte header");
+  }
+};
+
+struct VarintCodec
+    : CodecFunctors<functor::VarintEncode, functor::VarintDecode> {
+  static constexpr const char* kEncodeOp = "VarintEncode";
+  static constexpr const char* kDecodeOp = "VarintDecode";
+
+  // OK when a payload of `bytes` bytes holds at least the count.
+  static absl::Status CheckLength(int64_t bytes) {
+    if (bytes > 0) return absl::OkStatus();
+    return InvalidArgument(
+        "VarintDecode: corrupted payload: empty (no count)");
+  }
+};
+
+template <typename Device, typename Codec>
+class EncodeIndicesOp : public OpKernel {
  public:
-  explicit RunLengthEncodeOp(OpKernelConstruction* context)
+  explicit EncodeIndicesOp(OpKernelConstruction* context)
       : OpKernel(context) {}
 
   void Compute(OpKernelContext* context) override {
-    int64_t d = 0;
-    OP_REQUIRES_OK(context,
-                   ReadDenseLength("RunLengthEncode", context->input(1), &d));
     const Device device = MakeDevice<Device>(context);
+    int64_t d = 0;
+    OP_REQUIRES_OK(context, ReadIndices(context, Codec::kEncodeOp, device, &d));
     const Tensor& indices = context->input(0);
-    OP_REQUIRES_OK(context, CheckIndices(context, "RunLengthEncode", device,
-                                         indices, d));
     const int64_t* index = indices.flat<int64_t>().data();
     const int64_t r = indices.NumElements();
-    using Encode = functor::RunLengthEncode<Device>;
-    Tensor scratch;
+    using Encoder = typename Codec::template Encoder<Device>;
+    FunctorScratch scratch;
     OP_REQUIRES_OK(context,
-                   AllocateScratch(context, Encode::ScratchSize(r), &scratch));
-    int64_t* scratch_data = scratch.flat<int64_t>().data();
-    const Encode encode;
-    const functor::RunLengthLayout layout =
-        encode.Count(device, index, r, scratch_data);
+                   scratch.AllocateWords(context, Encoder::ScratchSize(r)));
+    const Encoder encoder;
+    const auto layout = encoder.Count(device, index, r, scratch.words());
     Tensor* output = nullptr;
     OP_REQUIRES_OK(context, context->allocate_output(
                                 0, TensorShape({layout.bytes}), &output));
-    encode.Write(device, index, r, layout, scratch_data,
-                 output->flat<uint8_t>().data());
+    encoder.Write(device, index, r, layout, scratch.words(),
+                  output->flat<uint8_t>().data());
   }
 };
 
-template <typename Device>
-class RunLengthDecodeOp : public OpKernel {
+template <typename Device, typename Codec>
+class DecodeIndicesOp : public OpKernel {
  public:
-  explicit RunLengthDecodeOp(OpKernelConstruction* context)
+  explicit DecodeIndicesOp(OpKernelConstruction* context)
       : OpKernel(context) {}
 
   void Compute(OpKernelContext* context) override {
-    const Tensor& data = context->input(0);
-    OP_REQUIRES_OK(context, CheckVector("RunLengthDecode", "data", data));
     int64_t d = 0;
-    OP_REQUIRES_OK(context,
-                   ReadDenseLength("RunLengthDecode", context->input(1), &d));
+    OP_REQUIRES_OK(context, ReadPayload(context, Codec::kDecodeOp, "data", &d));
+    const Tensor& data = context->input(0);
     const int64_t bytes = data.NumElements();
-    OP_REQUIRES(context, bytes >= kRunLengthHeaderBytes,
-                InvalidArgument("RunLengthDecode: corrupted payload: ", bytes,
-                                " bytes, shorter than the ",
-                                kRunLengthHeaderBytes, "-byte header"));
+    OP_REQUIRES_OK(context, Codec::CheckLength(bytes));
     const Device device = MakeDevice<Device>(context);
     const uint8_t* in = data.flat<uint8_t>().data();
-    using Decode = functor::RunLengthDecode<Device>;
-    Tensor scratch;
-    OP_REQUIRES_OK(context, AllocateScratch(context, Decode::ScratchSize(bytes),
-                                            &scratch));
-    int64_t* scratch_data = scratch.flat<int64_t>().data();
-    const Decode decode;
+    using Decoder = typename Codec::template Decoder<Device>;
+    FunctorScratch scratch;
+    OP_REQUIRES_OK(context,
+                   scratch.AllocateWords(context, Decoder::ScratchSize(bytes)));
+    const Decoder decoder;
     const functor::DecodeStatus status =
-        decode.Count(device, in, bytes, d, scratch_data);
-    OP_REQUIRES_OK(context, DecodeStatusToStatus("RunLengthDecode", status));
+        decoder.Count(device, in, bytes, d, scratch.words());
+    OP_REQUIRES_OK(context, DecodeStatusToStatus(Codec::kDecodeOp, status));
     Tensor* output = nullptr;
     OP_REQUIRES_OK(context, context->allocate_output(
                                 0, TensorShape({status.count}), &output));
-    decode.Write(device, in, bytes, scratch_data,
-                 output->flat<int64_t>().data());
-  }
-};
-
-// --- delta + varint ----------------------------------------------------------
-//
-// The count makes truncation at a varint boundary detectable.
-
-template <typename Device>
-class VarintEncodeOp : public OpKernel {
- public:
-  explicit VarintEncodeOp(OpKernelConstruction* context) : OpKernel(context) {}
-
-  void Compute(OpKernelContext* context) override {
-    int64_t d = 0;
-    OP_REQUIRES_OK(context,
-                   ReadDenseLength("VarintEncode", context->input(1), &d));
-    const Device device = MakeDevice<Device>(context);
-    const Tensor& indices = context->input(0);
-    OP_REQUIRES_OK(context, CheckIndices(context, "VarintEncode", device,
-                                         indices, d));
-    const int64_t* index = indices.flat<int64_t>().data();
-    const int64_t r = indices.NumElements();
-    using Encode = functor::VarintEncode<Device>;
-    Tensor scratch;
-    OP_REQUIRES_OK(context,
-                   AllocateScratch(context, Encode::ScratchSize(r), &scratch));
-    int64_t* scratch_data = scratch.flat<int64_t>().data();
-    const Encode encode;
-    const int64_t bytes = encode.Count(device, index, r, scratch_data);
-    Tensor* output = nullptr;
-    OP_REQUIRES_OK(context,
-                   context->allocate_output(0, TensorShape({bytes}), &output));
-    encode.Write(device, index, r, scratch_data,
-                 output->flat<uint8_t>().data());
-  }
-};
-
-template <typename Device>
-class VarintDecodeOp : public OpKernel {
- public:
-  explicit VarintDecodeOp(OpKernelConstruction* context) : OpKernel(context) {}
-
-  void Compute(OpKernelContext* context) override {
-    const Tensor& data = context->input(0);
-    OP_REQUIRES_OK(context, CheckVector("VarintDecode", "data", data));
-    int64_t d = 0;
-    OP_REQUIRES_OK(context,
-                   ReadDenseLength("VarintDecode", context->input(1), &d));
-    const int64_t bytes = data.NumElements();
-    OP_REQUIRES(context, bytes > 0,
-                InvalidArgument("VarintDecode: corrupted payload: empty (no "
-                                "count)"));
-    const Device device = MakeDevice<Device>(context);
-    const uint8_t* in = data.flat<uint8_t>().data();
-    using Decode = functor::VarintDecode<Device>;
-    Tensor scratch;
-    OP_REQUIRES_OK(context, AllocateScratch(context, Decode::ScratchSize(bytes),
-                                            &scratch));
-    int64_t* scratch_data = scratch.flat<int64_t>().data();
-    const Decode decode;
-    const functor::DecodeStatus status =
-        decode.Count(device, in, bytes, d, scratch_data);
-    OP_REQUIRES_OK(context, DecodeStatusToStatus("VarintDecode", status));
-    Tensor* output = nullptr;
-    OP_REQUIRES_OK(context, context->allocate_output(
-                                0, TensorShape({status.count}), &output));
-    decode.Write(device, in, bytes, scratch_data,
-                 output->flat<int64_t>().data());
+    decoder.Write(device, in, bytes, scratch.words(),
+                  output->flat<int64_t>().data());
   }
 };
 
@@ -383,13 +358,10 @@ class BloomInsertOp : public OpKernel {
   explicit BloomInsertOp(OpKernelConstruction* context) : OpKernel(context) {}
 
   void Compute(OpKernelContext* context) override {
-    int64_t d = 0;
-    OP_REQUIRES_OK(context,
-                   ReadDenseLength("BloomInsert", context->input(1), &d));
     const Device device = MakeDevice<Device>(context);
+    int64_t d = 0;
+    OP_REQUIRES_OK(context, ReadIndices(context, "BloomInsert", device, &d));
     const Tensor& indices = context->input(0);
-    OP_REQUIRES_OK(context, CheckIndices(context, "BloomInsert", device,
-                                         indices, d));
     int64_t m = 0;
     int64_t k = 0;
     OP_REQUIRES_OK(context,
@@ -399,12 +371,11 @@ class BloomInsertOp : public OpKernel {
     OP_REQUIRES_OK(context, context->allocate_output(
                                 0, TensorShape({(m + 7) / 8}), &output));
     using Insert = functor::BloomInsert<Device>;
-    Tensor scratch;
-    OP_REQUIRES_OK(context, context->allocate_temp(
-                                DT_INT64, TensorShape({Insert::ScratchSize(m)}),
-                                &scratch));
+    FunctorScratch scratch;
+    OP_REQUIRES_OK(context,
+                   scratch.AllocateWords(context, Insert::ScratchSize(m)));
     Insert()(device, indices.flat<int64_t>().data(), indices.NumElements(), m,
-             k, output->flat<uint8_t>().data(), scratch.flat<int64_t>().data());
+             k, output->flat<uint8_t>().data(), scratch.words());
   }
 };
 
@@ -414,11 +385,9 @@ class BloomQueryOp : public OpKernel {
   explicit BloomQueryOp(OpKernelConstruction* context) : OpKernel(context) {}
 
   void Compute(OpKernelContext* context) override {
-    const Tensor& filter = context->input(0);
-    OP_REQUIRES_OK(context, CheckVector("BloomQuery", "filter", filter));
     int64_t d = 0;
-    OP_REQUIRES_OK(context,
-                   ReadDenseLength("BloomQuery", context->input(1), &d));
+    OP_REQUIRES_OK(context, ReadPayload(context, "BloomQuery", "filter", &d));
+    const Tensor& filter = context->input(0);
     int64_t m = 0;
     int64_t k = 0;
     OP_REQUIRES_OK(context,
@@ -437,11 +406,9 @@ class BloomQueryOp : public OpKernel {
                                 "after bit ",
                                 m, " are not zero"));
     // The positives as a bitmap over the dense length, then listed.
-    Tensor positives;
-    OP_REQUIRES_OK(context, context->allocate_temp(
-                                DT_UINT8, TensorShape({(d + 7) / 8}),
-                                &positives));
-    uint8_t* marks = positives.flat<uint8_t>().data();
+    FunctorScratch positives;
+    OP_REQUIRES_OK(context, positives.AllocateBytes(context, (d + 7) / 8));
+    uint8_t* marks = positives.bytes();
     functor::BloomQuery<Device>()(device, bits, m, k, d, marks);
     OP_REQUIRES_OK(context,
                    OutputBitmapPositions(context, device, marks, (d + 7) / 8));
@@ -456,16 +423,16 @@ REGISTER_KERNEL_BUILDER(Name(TFCOMPRESS_OP_NAME("BitmapDecode"))
                         BitmapDecodeOp<CpuDevice>);
 REGISTER_KERNEL_BUILDER(Name(TFCOMPRESS_OP_NAME("RunLengthEncode"))
                             .Device(DEVICE_CPU),
-                        RunLengthEncodeOp<CpuDevice>);
+                        EncodeIndicesOp<CpuDevice, RunLengthCodec>);
 REGISTER_KERNEL_BUILDER(Name(TFCOMPRESS_OP_NAME("RunLengthDecode"))
                             .Device(DEVICE_CPU),
-                        RunLengthDecodeOp<CpuDevice>);
+                        DecodeIndicesOp<CpuDevice, RunLengthCodec>);
 REGISTER_KERNEL_BUILDER(Name(TFCOMPRESS_OP_NAME("VarintEncode"))
                             .Device(DEVICE_CPU),
-                        VarintEncodeOp<CpuDevice>);
+                        EncodeIndicesOp<CpuDevice, VarintCodec>);
 REGISTER_KERNEL_BUILDER(Name(TFCOMPRESS_OP_NAME("VarintDecode"))
                             .Device(DEVICE_CPU),
-                        VarintDecodeOp<CpuDevice>);
+                        DecodeIndicesOp<CpuDevice, VarintCodec>);
 REGISTER_KERNEL_BUILDER(Name(TFCOMPRESS_OP_NAME("BloomInsert"))
                             .Device(DEVICE_CPU),
                         BloomInsertOp<CpuDevice>);
@@ -488,19 +455,19 @@ REGISTER_KERNEL_BUILDER(Name(TFCOMPRESS_OP_NAME("BitmapDecode"))
 REGISTER_KERNEL_BUILDER(Name(TFCOMPRESS_OP_NAME("RunLengthEncode"))
                             .Device(DEVICE_GPU)
                             .HostMemory("dense_length"),
-                        RunLengthEncodeOp<GpuDevice>);
+                        EncodeIndicesOp<GpuDevice, RunLengthCodec>);
 REGISTER_KERNEL_BUILDER(Name(TFCOMPRESS_OP_NAME("RunLengthDecode"))
                             .Device(DEVICE_GPU)
                             .HostMemory("dense_length"),
-                        RunLengthDecodeOp<GpuDevice>);
+                        DecodeIndicesOp<GpuDevice, RunLengthCodec>);
 REGISTER_KERNEL_BUILDER(Name(TFCOMPRESS_OP_NAME("VarintEncode"))
                             .Device(DEVICE_GPU)
                             .HostMemory("dense_length"),
-                        VarintEncodeOp<GpuDevice>);
+                        EncodeIndicesOp<GpuDevice, VarintCodec>);
 REGISTER_KERNEL_BUILDER(Name(TFCOMPRESS_OP_NAME("VarintDecode"))
                             .Device(DEVICE_GPU)
                             .HostMemory("dense_length"),
-                        VarintDecodeOp<GpuDevice>);
+                        DecodeIndicesOp<GpuDevice, VarintCodec>);
 REGISTER_KERNEL_BUILDER(Name(TFCOMPRESS_OP_NAME("BloomInsert"))
                             .Device(DEVICE_GPU)
                             .HostMemory("dense_length")

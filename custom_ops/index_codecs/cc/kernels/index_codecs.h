@@ -228,6 +228,12 @@ struct RunLengthLayout {
   int64_t bytes = kRunLengthHeaderBytes;
 };
 
+// The varint encoding of a set of indices: what VarintEncode's counting pass
+// found.
+struct VarintLayout {
+  int64_t bytes = 0;  // the count's varint and the gaps'
+};
+
 // Each functor below is declared with its contract and the signature of its
 // members; the CPU specialisation (Device = CpuDevice) is defined in
 // index_codecs_cpu.h, the GPU one (Device = GpuDevice) is declared at the
@@ -275,61 +281,70 @@ struct BitmapEncode;
 template <typename Device>
 struct BitmapPositions;
 
-// The run-length and varint coders take `scratch`, ScratchSize(n) int64
-// values of the device's memory (the caller's allocation; n is the number
-// of indices for the encoders, of payload bytes for the decoders), in both
-// passes: Count() leaves there what Write() reads, so Write() must follow a
-// Count() of the same input with the same scratch. The CPU functors need
-// none (ScratchSize 0).
+// The byte codecs, run length and varint, are two-pass coders with one
+// shape (the kernels drive both with one template, index_codecs.cc):
+//
+//   * an encoder of checked indices[0, r), with its Layout (RunLengthLayout,
+//     VarintLayout): Count() sizes the payload (layout.bytes), Write() fills
+//     out[0, layout.bytes);
+//
+//       static int64_t ScratchSize(int64_t r);
+//       Layout Count(const Device& device, const int64_t* indices, int64_t r,
+//                    int64_t* scratch) const;
+//       void Write(const Device& device, const int64_t* indices, int64_t r,
+//                  const Layout& layout, int64_t* scratch,
+//                  uint8_t* out) const;
+//
+//   * a decoder of data[0, bytes) for a dense length d: Count() checks
+//     everything and returns the number of positions or the first error;
+//     Write() (only after a Count() without error) writes them ascending.
+//
+//       static int64_t ScratchSize(int64_t bytes);
+//       DecodeStatus Count(const Device& device, const uint8_t* data,
+//                          int64_t bytes, int64_t dense_length,
+//                          int64_t* scratch) const;
+//       void Write(const Device& device, const uint8_t* data, int64_t bytes,
+//                  int64_t* scratch, int64_t* positions) const;
+//
+// Both take `scratch`, ScratchSize(n) int64 values of the device's memory
+// (the caller's allocation; n is the number of indices for the encoders, of
+// payload bytes for the decoders), in both passes: Count() leaves there what
+// Write() reads, so Write() must follow a Count() of the same input with the
+// same scratch. The CPU functors need none (ScratchSize 0).
+
+// The member declarations of a byte codec's encoder and decoder on DEVICE
+// (the shapes above), for the specialisations of each device.
+#define TFC_INDEX_ENCODER_MEMBERS(DEVICE, LAYOUT)                           \
+  static int64_t ScratchSize(int64_t r);                                    \
+  LAYOUT Count(const DEVICE& device, const int64_t* indices, int64_t r,     \
+               int64_t* scratch) const;                                     \
+  void Write(const DEVICE& device, const int64_t* indices, int64_t r,       \
+             const LAYOUT& layout, int64_t* scratch, uint8_t* out) const
+#define TFC_INDEX_DECODER_MEMBERS(DEVICE)                                   \
+  static int64_t ScratchSize(int64_t bytes);                                \
+  DecodeStatus Count(const DEVICE& device, const uint8_t* data,             \
+                     int64_t bytes, int64_t dense_length, int64_t* scratch) \
+      const;                                                                \
+  void Write(const DEVICE& device, const uint8_t* data, int64_t bytes,      \
+             int64_t* scratch, int64_t* positions) const
 
 // Run-length encoding of checked indices[0, r) (layout in
-// ../ops/index_codecs_ops.cc). Count() computes the layout; Write() fills
-// out[0, layout.bytes).
-//
-//   static int64_t ScratchSize(int64_t r);
-//   RunLengthLayout Count(const Device& device, const int64_t* indices,
-//                         int64_t r, int64_t* scratch) const;
-//   void Write(const Device& device, const int64_t* indices, int64_t r,
-//              const RunLengthLayout& layout, int64_t* scratch,
-//              uint8_t* out) const;
+// ../ops/index_codecs_ops.cc), Layout RunLengthLayout.
 template <typename Device>
 struct RunLengthEncode;
 
-// Decoding of data[0, bytes) (bytes >= kRunLengthHeaderBytes) for a dense
-// length d. Count() checks everything and returns the number of positions
-// or the first error; Write() (only after a Count() without error) writes
-// them ascending.
-//
-//   static int64_t ScratchSize(int64_t bytes);
-//   DecodeStatus Count(const Device& device, const uint8_t* data,
-//                      int64_t bytes, int64_t dense_length,
-//                      int64_t* scratch) const;
-//   void Write(const Device& device, const uint8_t* data, int64_t bytes,
-//              int64_t* scratch, int64_t* positions) const;
+// Run-length decoding of data[0, bytes) (bytes >= kRunLengthHeaderBytes).
 template <typename Device>
 struct RunLengthDecode;
 
-// Delta + LEB128 varint coding of checked indices[0, r): Count() returns the
-// encoded length, Write() fills out[0, length).
-//
-//   static int64_t ScratchSize(int64_t r);
-//   int64_t Count(const Device& device, const int64_t* indices, int64_t r,
-//                 int64_t* scratch) const;
-//   void Write(const Device& device, const int64_t* indices, int64_t r,
-//              int64_t* scratch, uint8_t* out) const;
+// Delta + LEB128 varint coding of checked indices[0, r), Layout
+// VarintLayout.
 template <typename Device>
 struct VarintEncode;
 
-// Decoding of data[0, bytes) (bytes >= 1) for a dense length d, as for
-// RunLengthDecode. When a payload has several defects, the error is the one
-// a sequential parse meets first (the CPU functor is that parse).
-//
-//   static int64_t ScratchSize(int64_t bytes);
-//   DecodeStatus Count(const Device& device, const uint8_t* data,
-//                      int64_t bytes, int64_t dense_length,
-//                      int64_t* scratch) const;
-//   void Write(const Device& device, const uint8_t* data, int64_t bytes,
-//              int64_t* scratch, int64_t* positions) const;
+// Varint decoding of data[0, bytes) (bytes >= 1). When a payload has several
+// defects, the error is the one a sequential parse meets first (the CPU
+// functor is that parse).
 template <typename Device>
 struct VarintDecode;
 
@@ -386,49 +401,30 @@ struct BitmapPositions<GpuDevice> {
              int64_t* scratch, int64_t* positions) const;
 };
 
+// Scratch: three totals, the tile counts of run starts, and the index of
+// the first index of every run.
 template <>
 struct RunLengthEncode<GpuDevice> {
-  // Three totals, the tile counts of run starts, and the index of the first
-  // index of every run.
-  static int64_t ScratchSize(int64_t r);
-  RunLengthLayout Count(const GpuDevice& device, const int64_t* indices,
-                        int64_t r, int64_t* scratch) const;
-  void Write(const GpuDevice& device, const int64_t* indices, int64_t r,
-             const RunLengthLayout& layout, int64_t* scratch,
-             uint8_t* out) const;
+  TFC_INDEX_ENCODER_MEMBERS(GpuDevice, RunLengthLayout);
 };
 
+// Scratch: a few totals and two values per tile of 1024 runs (a payload of
+// `bytes` bytes holds at most 8 * (bytes - 10) runs).
 template <>
 struct RunLengthDecode<GpuDevice> {
-  // A few totals and two values per tile of 1024 runs (a payload of `bytes`
-  // bytes holds at most 8 * (bytes - 10) runs).
-  static int64_t ScratchSize(int64_t bytes);
-  DecodeStatus Count(const GpuDevice& device, const uint8_t* data,
-                     int64_t bytes, int64_t dense_length,
-                     int64_t* scratch) const;
-  void Write(const GpuDevice& device, const uint8_t* data, int64_t bytes,
-             int64_t* scratch, int64_t* positions) const;
+  TFC_INDEX_DECODER_MEMBERS(GpuDevice);
 };
 
+// Scratch: the total, then the encoded length of each tile of indices.
 template <>
 struct VarintEncode<GpuDevice> {
-  // The total, then the encoded length of each tile of indices.
-  static int64_t ScratchSize(int64_t r);
-  int64_t Count(const GpuDevice& device, const int64_t* indices, int64_t r,
-                int64_t* scratch) const;
-  void Write(const GpuDevice& device, const int64_t* indices, int64_t r,
-             int64_t* scratch, uint8_t* out) const;
+  TFC_INDEX_ENCODER_MEMBERS(GpuDevice, VarintLayout);
 };
 
+// Scratch: a few totals and two values per tile of payload bytes.
 template <>
 struct VarintDecode<GpuDevice> {
-  // A few totals and two values per tile of payload bytes.
-  static int64_t ScratchSize(int64_t bytes);
-  DecodeStatus Count(const GpuDevice& device, const uint8_t* data,
-                     int64_t bytes, int64_t dense_length,
-                     int64_t* scratch) const;
-  void Write(const GpuDevice& device, const uint8_t* data, int64_t bytes,
-             int64_t* scratch, int64_t* positions) const;
+  TFC_INDEX_DECODER_MEMBERS(GpuDevice);
 };
 
 template <>
@@ -447,6 +443,9 @@ struct BloomQuery<GpuDevice> {
                   uint8_t* positives) const;
 };
 #endif  // GOOGLE_CUDA
+
+#undef TFC_INDEX_ENCODER_MEMBERS
+#undef TFC_INDEX_DECODER_MEMBERS
 
 }  // namespace functor
 }  // namespace tfcompress

@@ -214,6 +214,20 @@ inline bool ParseVarintCount(const uint8_t* head, int64_t bytes, int64_t d,
   return true;
 }
 
+// The last check of a varint payload, once its gaps are parsed: the count
+// at its head must be the number of gaps `parsed`. Sets *status (the count of
+// positions, or kVarintCountMismatch); the CPU and GPU decoders share it.
+inline void CheckVarintCount(uint64_t count, int64_t parsed,
+                             DecodeStatus* status) {
+  if (parsed != static_cast<int64_t>(count)) {
+    status->error = DecodeError::kVarintCountMismatch;
+    status->detail[0] = count;
+    status->detail[1] = static_cast<uint64_t>(parsed);
+    return;
+  }
+  status->count = parsed;
+}
+
 // Positions per stage of QueryRange: its scratch arrays stay in L1, and its
 // bitmap bytes (kQueryChunk / 8) belong to one chunk.
 constexpr int64_t kQueryChunk = 512;
@@ -520,18 +534,20 @@ struct VarintEncode<CpuDevice> {
 
   static int64_t ScratchSize(int64_t /*r*/) { return 0; }
 
-  int64_t Count(const CpuDevice& /*device*/, const int64_t* indices, int64_t r,
-                int64_t* /*scratch*/) const {
-    int64_t bytes =
+  VarintLayout Count(const CpuDevice& /*device*/, const int64_t* indices,
+                     int64_t r, int64_t* /*scratch*/) const {
+    VarintLayout layout;
+    layout.bytes =
         index_codecs_internal::VarintLength(static_cast<uint64_t>(r));
     for (int64_t j = 0; j < r; ++j) {
-      bytes += index_codecs_internal::VarintLength(Gap(indices, j));
+      layout.bytes += index_codecs_internal::VarintLength(Gap(indices, j));
     }
-    return bytes;
+    return layout;
   }
 
   void Write(const CpuDevice& /*device*/, const int64_t* indices, int64_t r,
-             int64_t* /*scratch*/, uint8_t* out) const {
+             const VarintLayout& /*layout*/, int64_t* /*scratch*/,
+             uint8_t* out) const {
     out = index_codecs_internal::WriteVarint(out, static_cast<uint64_t>(r));
     for (int64_t j = 0; j < r; ++j) {
       out = index_codecs_internal::WriteVarint(out, Gap(indices, j));
@@ -573,13 +589,7 @@ struct VarintDecode<CpuDevice> {
       next += static_cast<int64_t>(value) + 1;
       ++parsed;
     }
-    if (parsed != static_cast<int64_t>(count)) {
-      status.error = DecodeError::kVarintCountMismatch;
-      status.detail[0] = count;
-      status.detail[1] = static_cast<uint64_t>(parsed);
-      return status;
-    }
-    status.count = parsed;
+    index_codecs_internal::CheckVarintCount(count, parsed, &status);
     return status;
   }
 

@@ -8,20 +8,22 @@
 //   * BitmapEncode: the thread of the first index of each byte writes that
 //     byte (indices are ascending, so a byte's indices are consecutive): no
 //     atomics.
-//   * BitmapPositions: the tile compaction of
-//     sparsify/cc/kernels/compaction_gpu.cu.h over bytes (tiles of 4096
-//     bytes), positions written ascending.
+//   * BitmapPositions: the two passes of the tile compaction of
+//     common/cc/compaction_gpu.cu.h over bytes (tiles of 4096 bytes, a byte
+//     writing its set bits' positions), positions written ascending.
 //   * BloomInsert: one thread per (index, hash) ORs its bit into the
 //     filter's 64-bit words (scratch; atomicOr), copied into the bytes after.
 //   * BloomQuery: one thread per byte of the positives bitmap tests its 8
 //     positions (hash by hash, stopping at the first clear bit) and writes
 //     the byte.
 //   * RunLengthEncode: the tile compaction lists the first index of every
-//     run (scratch); the widths are the bit lengths of the codes ORed
-//     together (atomicOr); one thread per group of 8 runs writes their codes
-//     (8 codes of w bits fill w whole bytes: threads never share a byte).
-//   * VarintEncode: per tile of indices the length of its varints; a block
-//     scan of the threads' lengths places each thread's varints.
+//     run (scratch; an index that starts a run writes itself); the widths
+//     are the bit lengths of the codes ORed together (atomicOr); one thread
+//     per group of 8 runs writes their codes (8 codes of w bits fill w whole
+//     bytes: threads never share a byte).
+//   * VarintEncode: the tile compaction again, an index writing its varint:
+//     the sizing pass sums the varints' lengths per tile, the writing pass
+//     places each index's varint after those before it.
 //   * RunLengthDecode: the header and the padding are read and checked on
 //     the host, with the CPU's code. Runs are decoded by random access to
 //     their codes, in tiles of 1024 runs: per tile the positions it covers
@@ -56,23 +58,29 @@
 #include <cub/block/block_scan.cuh>
 
 #include "common/cc/bit_stream.h"
+#include "common/cc/compaction_gpu.cu.h"
 #include "common/cc/device.h"
+#include "common/cc/gpu_util.cu.h"
 #include "index_codecs/cc/kernels/index_codecs.h"
 #include "index_codecs/cc/kernels/index_codecs_cpu.h"
-#include "sparsify/cc/kernels/compaction_gpu.cu.h"
 
 namespace tensorflow {
 namespace tfcompress {
 namespace {
 
-using gpu_compaction::AtomicMinInt64;
+using gpu_compaction::CountTiles;
 using gpu_compaction::ExclusiveScan;
-using gpu_compaction::GridFor;
 using gpu_compaction::kItemsPerThread;
-using gpu_compaction::kThreads;
 using gpu_compaction::kTileItems;
-using gpu_compaction::ReadBack;
 using gpu_compaction::TileCount;
+using gpu_compaction::WriteTiles;
+using gpu_util::AtomicMinInt64;
+using gpu_util::AtomicOrUint64;
+using gpu_util::CeilDiv;
+using gpu_util::GridFor;
+using gpu_util::kThreads;
+using gpu_util::ReadBack;
+using gpu_util::Store;
 using index_codecs_internal::CapSpan;
 using index_codecs_internal::CodeAt;
 using index_codecs_internal::kSpanCap;
@@ -92,8 +100,6 @@ __global__ void CheckPositionsKernel(const int64_t* positions, int64_t r,
   }
 }
 
-__global__ void SetKernel(int64_t* value, int64_t to) { *value = to; }
-
 __global__ void BitmapEncodeKernel(const int64_t* indices, int64_t r,
                                    uint8_t* bitmap) {
   for (int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; j < r;
@@ -108,49 +114,20 @@ __global__ void BitmapEncodeKernel(const int64_t* indices, int64_t r,
   }
 }
 
-// Per tile of kTileItems bytes: its number of set bits; their sum in *total.
-__global__ void PopcountTilesKernel(const uint8_t* bitmap, int64_t bytes,
-                                    int64_t* tile_counts, int64_t* total) {
-  using Reduce = cub::BlockReduce<int64_t, kThreads>;
-  __shared__ typename Reduce::TempStorage storage;
-  const int64_t begin = blockIdx.x * kTileItems;
-  int64_t count = 0;
-  for (int j = 0; j < kItemsPerThread; ++j) {
-    const int64_t i = begin + j * int64_t{kThreads} + threadIdx.x;
-    if (i < bytes) count += __popc(bitmap[i]);
-  }
-  const int64_t tile_count = Reduce(storage).Sum(count);
-  if (threadIdx.x == 0) {
-    tile_counts[blockIdx.x] = tile_count;
-    atomicAdd(reinterpret_cast<unsigned long long*>(total),  // NOLINT
-              static_cast<unsigned long long>(tile_count));   // NOLINT
-  }
-}
-
-__global__ void BitmapWriteKernel(const uint8_t* bitmap, int64_t bytes,
-                                  const int64_t* tile_offsets,
-                                  int64_t* positions) {
-  using Scan = cub::BlockScan<int64_t, kThreads>;
-  __shared__ typename Scan::TempStorage storage;
-  const int64_t begin =
-      blockIdx.x * kTileItems + int64_t{threadIdx.x} * kItemsPerThread;
-  uint8_t value[kItemsPerThread];
-  int64_t count = 0;
-  for (int j = 0; j < kItemsPerThread; ++j) {
-    value[j] = begin + j < bytes ? bitmap[begin + j] : 0;
-    count += __popc(value[j]);
-  }
-  int64_t position = 0;
-  Scan(storage).ExclusiveSum(count, position);
-  position += tile_offsets[blockIdx.x];
-  for (int j = 0; j < kItemsPerThread; ++j) {
-    unsigned bits = value[j];
+// The items of BitmapPositions' compaction: byte i of the bitmap writes the
+// positions of its set bits.
+struct BitmapItems {
+  const uint8_t* bitmap;
+  int64_t* positions;
+  __device__ int Size(int64_t i) const { return __popc(bitmap[i]); }
+  __device__ void Write(int64_t i, int64_t at) const {
+    unsigned bits = bitmap[i];
     while (bits != 0) {
-      positions[position++] = 8 * (begin + j) + __ffs(bits) - 1;
+      positions[at++] = 8 * i + __ffs(bits) - 1;
       bits &= bits - 1;
     }
   }
-}
+};
 
 __global__ void BloomInsertKernel(const int64_t* indices, int64_t r,
                                   uint64_t m, int64_t k, uint64_t* words) {
@@ -198,21 +175,6 @@ __global__ void BloomQueryKernel(const uint8_t* filter, uint64_t m,
   }
 }
 
-template <typename T>
-__global__ void StoreKernel(T* to, T value) {
-  *to = value;
-}
-
-__device__ inline void AtomicAddInt64(int64_t* address, int64_t value) {
-  atomicAdd(reinterpret_cast<unsigned long long*>(address),  // NOLINT
-            static_cast<unsigned long long>(value));         // NOLINT
-}
-
-__device__ inline void AtomicOrUint64(uint64_t* address, uint64_t value) {
-  atomicOr(reinterpret_cast<unsigned long long*>(address),  // NOLINT
-           static_cast<unsigned long long>(value));         // NOLINT
-}
-
 struct BitOrOp {
   __device__ uint64_t operator()(uint64_t a, uint64_t b) const { return a | b; }
 };
@@ -255,70 +217,37 @@ struct RunLengthTotals {
 constexpr int64_t kRunLengthTotalsSlots =
     sizeof(RunLengthTotals) / sizeof(int64_t);
 
-// Per tile of kTileItems indices: its number of runs (the indices that start
-// one); their total in totals->runs and their zero-run codes ORed into
-// totals->zero_bits.
-__global__ void RunStartTilesKernel(const int64_t* indices, int64_t r,
-                                    int64_t* tile_counts,
-                                    RunLengthTotals* totals) {
-  using Reduce = cub::BlockReduce<uint64_t, kThreads>;
-  __shared__ typename Reduce::TempStorage storage;
-  const int64_t begin = blockIdx.x * kTileItems;
-  uint64_t starts = 0;
-  uint64_t zero_bits = 0;
-  for (int j = 0; j < kItemsPerThread; ++j) {
-    const int64_t i = begin + j * int64_t{kThreads} + threadIdx.x;
-    if (i < r && StartsRun(indices, i)) {
-      ++starts;
-      zero_bits |= ZeroRunCode(indices, i);
-    }
-  }
-  const uint64_t tile_starts = Reduce(storage).Sum(starts);
-  __syncthreads();  // the storage is used again
-  const uint64_t tile_zero_bits = Reduce(storage).Reduce(zero_bits, BitOrOp());
-  if (threadIdx.x == 0) {
-    tile_counts[blockIdx.x] = static_cast<int64_t>(tile_starts);
-    AtomicAddInt64(&totals->runs, static_cast<int64_t>(tile_starts));
-    AtomicOrUint64(&totals->zero_bits, tile_zero_bits);
-  }
-}
+// The items of the run starts' compaction: an index that starts a run writes
+// its own ordinal j into starts[k] (k: the run's ordinal).
+struct RunStartItems {
+  const int64_t* indices;
+  int64_t* starts;
+  __device__ int Size(int64_t j) const { return StartsRun(indices, j); }
+  __device__ void Write(int64_t j, int64_t k) const { starts[k] = j; }
+};
 
-// starts[k] = j for the index indices[j] that starts run k (the tile
-// compaction; tile_offsets are the scanned tile counts).
-__global__ void RunStartsWriteKernel(const int64_t* indices, int64_t r,
-                                     const int64_t* tile_offsets,
-                                     int64_t* starts) {
-  using Scan = cub::BlockScan<int64_t, kThreads>;
-  __shared__ typename Scan::TempStorage storage;
-  const int64_t begin =
-      blockIdx.x * kTileItems + int64_t{threadIdx.x} * kItemsPerThread;
-  int64_t count = 0;
-  for (int j = 0; j < kItemsPerThread; ++j) {
-    if (begin + j < r && StartsRun(indices, begin + j)) ++count;
-  }
-  int64_t run = 0;
-  Scan(storage).ExclusiveSum(count, run);
-  run += tile_offsets[blockIdx.x];
-  for (int j = 0; j < kItemsPerThread; ++j) {
-    if (begin + j < r && StartsRun(indices, begin + j)) {
-      starts[run++] = begin + j;
-    }
-  }
-}
-
-// ORs the one-run codes into totals->one_bits.
-__global__ void OneRunBitsKernel(const int64_t* starts, int64_t r,
-                                 RunLengthTotals* totals) {
+// ORs the zero-run and one-run codes of all runs into totals->zero_bits and
+// totals->one_bits.
+__global__ void RunCodeBitsKernel(const int64_t* indices, const int64_t* starts,
+                                  int64_t r, RunLengthTotals* totals) {
   using Reduce = cub::BlockReduce<uint64_t, kThreads>;
   __shared__ typename Reduce::TempStorage storage;
   const int64_t runs = totals->runs;
+  uint64_t zero_bits = 0;
   uint64_t one_bits = 0;
   for (int64_t k = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; k < runs;
        k += int64_t{gridDim.x} * blockDim.x) {
+    zero_bits |= ZeroRunCode(indices, starts[k]);
     one_bits |= OneRunCode(starts, runs, r, k);
   }
-  const uint64_t block_bits = Reduce(storage).Reduce(one_bits, BitOrOp());
-  if (threadIdx.x == 0) AtomicOrUint64(&totals->one_bits, block_bits);
+  const uint64_t block_zero_bits =
+      Reduce(storage).Reduce(zero_bits, BitOrOp());
+  __syncthreads();  // the storage is used again
+  const uint64_t block_one_bits = Reduce(storage).Reduce(one_bits, BitOrOp());
+  if (threadIdx.x == 0) {
+    AtomicOrUint64(&totals->zero_bits, block_zero_bits);
+    AtomicOrUint64(&totals->one_bits, block_one_bits);
+  }
 }
 
 __global__ void RunLengthHeaderKernel(uint8_t* out, int zero_width,
@@ -368,48 +297,19 @@ __device__ inline uint64_t Gap(const int64_t* indices, int64_t j) {
                                       : indices[j] - indices[j - 1] - 1);
 }
 
-// Per tile of kTileItems indices: the bytes of its varints; their sum in
-// *total.
-__global__ void VarintLengthTilesKernel(const int64_t* indices, int64_t r,
-                                        int64_t* tile_lengths, int64_t* total) {
-  using Reduce = cub::BlockReduce<int64_t, kThreads>;
-  __shared__ typename Reduce::TempStorage storage;
-  const int64_t begin = blockIdx.x * kTileItems;
-  int64_t length = 0;
-  for (int j = 0; j < kItemsPerThread; ++j) {
-    const int64_t i = begin + j * int64_t{kThreads} + threadIdx.x;
-    if (i < r) length += VarintLength(Gap(indices, i));
+// The items of VarintEncode's compaction: index j writes the varint of its
+// gap (`out` is the payload after the count's bytes).
+struct VarintItems {
+  const int64_t* indices;
+  uint8_t* out;
+  __device__ int Size(int64_t j) const { return VarintLength(Gap(indices, j)); }
+  __device__ void Write(int64_t j, int64_t at) const {
+    WriteVarint(out + at, Gap(indices, j));
   }
-  const int64_t tile_length = Reduce(storage).Sum(length);
-  if (threadIdx.x == 0) {
-    tile_lengths[blockIdx.x] = tile_length;
-    AtomicAddInt64(total, tile_length);
-  }
-}
+};
 
 __global__ void VarintCountKernel(uint8_t* out, uint64_t count) {
   WriteVarint(out, count);
-}
-
-// The varints of the gaps, after the count's `head` bytes (tile_offsets are
-// the scanned tile lengths).
-__global__ void VarintWriteKernel(const int64_t* indices, int64_t r,
-                                  const int64_t* tile_offsets, int64_t head,
-                                  uint8_t* out) {
-  using Scan = cub::BlockScan<int64_t, kThreads>;
-  __shared__ typename Scan::TempStorage storage;
-  const int64_t begin =
-      blockIdx.x * kTileItems + int64_t{threadIdx.x} * kItemsPerThread;
-  int64_t length = 0;
-  for (int j = 0; j < kItemsPerThread; ++j) {
-    if (begin + j < r) length += VarintLength(Gap(indices, begin + j));
-  }
-  int64_t offset = 0;
-  Scan(storage).ExclusiveSum(length, offset);
-  uint8_t* next = out + head + tile_offsets[blockIdx.x] + offset;
-  for (int j = 0; j < kItemsPerThread; ++j) {
-    if (begin + j < r) next = WriteVarint(next, Gap(indices, begin + j));
-  }
 }
 
 // --- decoders: spans ---------------------------------------------------------
@@ -437,9 +337,7 @@ using SpanReduce = cub::BlockReduce<Span, kThreads>;
 constexpr int kRunsPerThread = 4;
 constexpr int64_t kRunTile = int64_t{kThreads} * kRunsPerThread;
 
-inline int64_t RunTileCount(int64_t runs) {
-  return (runs + kRunTile - 1) / kRunTile;
-}
+inline int64_t RunTileCount(int64_t runs) { return CeilDiv(runs, kRunTile); }
 
 // Output positions a block writes per step of RunLengthWriteKernel.
 constexpr int64_t kWriteChunk = 1024;
@@ -708,26 +606,43 @@ __device__ inline OwnBytes LoadOwnBytes(const uint8_t* data, int64_t at,
   return own;
 }
 
+// Calls visit(varint, before) for every varint that ends in this thread's
+// bytes, in payload order, with the Span of all varints before it; stops
+// once visit returns false. The two passes of the decoder (the check, the
+// positions) walk the varints through it. Every thread of the block must
+// call it (LoadOwnBytes scans across the block).
+template <typename Visit>
+__device__ inline void ForEachOwnVarint(const uint8_t* data, int64_t at,
+                                        int64_t bytes, const Span* tile_offsets,
+                                        SpanScan::TempStorage& storage,
+                                        const Visit& visit) {
+  const OwnBytes own = LoadOwnBytes(data, at, bytes, tile_offsets, storage);
+  Span before = own.before;
+  for (int64_t i = own.begin; i < own.end; ++i) {
+    if (data[i] >= 0x80) continue;
+    const Varint varint = VarintEndingAt(data, at, i);
+    if (!visit(varint, before)) return;
+    before = SpanOp()(before, SpanOf(varint));
+  }
+}
+
 // The first defect of the gaps: the least key 4 * ordinal + kind (the count
 // is varint 0, gap g is varint g + 1), atomically minimised.
 __global__ void VarintCheckKernel(const uint8_t* data, int64_t at,
                                   int64_t bytes, const Span* tile_offsets,
                                   uint64_t d, int64_t* first_defect) {
   __shared__ typename SpanScan::TempStorage storage;
-  const OwnBytes own = LoadOwnBytes(data, at, bytes, tile_offsets, storage);
-  Span end = own.before;
-  for (int64_t i = own.begin; i < own.end; ++i) {
-    if (data[i] >= 0x80) continue;
-    const Varint varint = VarintEndingAt(data, at, i);
-    const int64_t ordinal = static_cast<int64_t>(end.listed) + 1;
-    end = SpanOp()(end, SpanOf(varint));
-    int defect = varint.defect;
-    if (defect == kVarintSound && end.covered > d) defect = kVarintPastEnd;
-    if (defect != kVarintSound) {
-      AtomicMinInt64(first_defect, 4 * ordinal + defect);
-      return;
-    }
-  }
+  ForEachOwnVarint(
+      data, at, bytes, tile_offsets, storage,
+      [&](const Varint& varint, const Span& before) {
+        const int64_t ordinal = static_cast<int64_t>(before.listed) + 1;
+        const Span end = SpanOp()(before, SpanOf(varint));
+        int defect = varint.defect;
+        if (defect == kVarintSound && end.covered > d) defect = kVarintPastEnd;
+        if (defect == kVarintSound) return true;
+        AtomicMinInt64(first_defect, 4 * ordinal + defect);
+        return false;
+      });
 }
 
 // positions[g] = the index of gap g, for the checked gaps.
@@ -735,15 +650,12 @@ __global__ void VarintPositionsKernel(const uint8_t* data, int64_t at,
                                       int64_t bytes, const Span* tile_offsets,
                                       int64_t* positions) {
   __shared__ typename SpanScan::TempStorage storage;
-  const OwnBytes own = LoadOwnBytes(data, at, bytes, tile_offsets, storage);
-  Span before = own.before;
-  for (int64_t i = own.begin; i < own.end; ++i) {
-    if (data[i] >= 0x80) continue;
-    const Varint varint = VarintEndingAt(data, at, i);
-    positions[before.listed] =
-        static_cast<int64_t>(before.covered + varint.value);
-    before = SpanOp()(before, SpanOf(varint));
-  }
+  ForEachOwnVarint(data, at, bytes, tile_offsets, storage,
+                   [&](const Varint& varint, const Span& before) {
+                     positions[before.listed] =
+                         static_cast<int64_t>(before.covered + varint.value);
+                     return true;
+                   });
 }
 
 }  // namespace
@@ -758,7 +670,7 @@ PositionError CheckPositions<GpuDevice>::operator()(const GpuDevice& device,
   PositionError error;
   if (r == 0) return error;
   const cudaStream_t stream = device.stream;
-  SetKernel<<<1, 1, 0, stream>>>(scratch, r);
+  Store(stream, scratch, r);
   CheckPositionsKernel<<<GridFor(r), kThreads, 0, stream>>>(
       positions, r, dense_length, scratch);
   const int64_t at = ReadBack(stream, scratch);
@@ -801,9 +713,9 @@ int64_t BitmapPositions<GpuDevice>::Count(const GpuDevice& device,
                                           int64_t* scratch) const {
   if (bytes == 0) return 0;
   const cudaStream_t stream = device.stream;
-  SetKernel<<<1, 1, 0, stream>>>(scratch, 0);
-  PopcountTilesKernel<<<static_cast<unsigned>(TileCount(bytes)), kThreads, 0,
-                        stream>>>(bitmap, bytes, scratch + 1, scratch);
+  Store(stream, scratch, int64_t{0});
+  CountTiles(stream, BitmapItems{bitmap, nullptr}, bytes, scratch + 1,
+             scratch);
   return ReadBack(stream, scratch);
 }
 
@@ -811,12 +723,8 @@ void BitmapPositions<GpuDevice>::Write(const GpuDevice& device,
                                        const uint8_t* bitmap, int64_t bytes,
                                        int64_t* scratch,
                                        int64_t* positions) const {
-  if (bytes == 0) return;
-  const cudaStream_t stream = device.stream;
-  const int64_t tiles = TileCount(bytes);
-  ExclusiveScan(stream, scratch + 1, tiles);
-  BitmapWriteKernel<<<static_cast<unsigned>(tiles), kThreads, 0, stream>>>(
-      bitmap, bytes, scratch + 1, positions);
+  WriteTiles(device.stream, BitmapItems{bitmap, positions}, bytes,
+             scratch + 1);
 }
 
 int64_t RunLengthEncode<GpuDevice>::ScratchSize(int64_t r) {
@@ -833,13 +741,12 @@ RunLengthLayout RunLengthEncode<GpuDevice>::Count(const GpuDevice& device,
   auto* totals = reinterpret_cast<RunLengthTotals*>(scratch);
   int64_t* tile_counts = scratch + kRunLengthTotalsSlots;
   int64_t* starts = tile_counts + tiles;
-  StoreKernel<<<1, 1, 0, stream>>>(totals, RunLengthTotals{0, 0, 0});
-  RunStartTilesKernel<<<static_cast<unsigned>(tiles), kThreads, 0, stream>>>(
-      indices, r, tile_counts, totals);
-  ExclusiveScan(stream, tile_counts, tiles);
-  RunStartsWriteKernel<<<static_cast<unsigned>(tiles), kThreads, 0, stream>>>(
-      indices, r, tile_counts, starts);
-  OneRunBitsKernel<<<GridFor(r), kThreads, 0, stream>>>(starts, r, totals);
+  Store(stream, totals, RunLengthTotals{0, 0, 0});
+  const RunStartItems items = {indices, starts};
+  CountTiles(stream, items, r, tile_counts, &totals->runs);
+  WriteTiles(stream, items, r, tile_counts);
+  RunCodeBitsKernel<<<GridFor(r), kThreads, 0, stream>>>(indices, starts, r,
+                                                          totals);
   const RunLengthTotals found = ReadBack(stream, totals);
   return index_codecs_internal::RunLengthLayoutOf(found.runs, found.zero_bits,
                                                   found.one_bits);
@@ -896,10 +803,10 @@ DecodeStatus RunLengthDecode<GpuDevice>::Count(const GpuDevice& device,
     return status;
   }
   auto* state = reinterpret_cast<RunLengthDecodeState*>(scratch);
-  StoreKernel<<<1, 1, 0, stream>>>(
-      state,
-      RunLengthDecodeState{header.runs, Span{0, 0}, header.zero_width,
-                           header.one_width, header.runs, header.zero_bytes});
+  Store(stream, state,
+        RunLengthDecodeState{header.runs, Span{0, 0}, header.zero_width,
+                             header.one_width, header.runs,
+                             header.zero_bytes});
   if (header.runs == 0) return status;
   Span* tiles = reinterpret_cast<Span*>(scratch + kRunLengthDecodeStateSlots);
   const int64_t tile_count = RunTileCount(header.runs);
@@ -946,28 +853,25 @@ int64_t VarintEncode<GpuDevice>::ScratchSize(int64_t r) {
   return 1 + TileCount(r);  // the total, then the tiles
 }
 
-int64_t VarintEncode<GpuDevice>::Count(const GpuDevice& device,
-                                       const int64_t* indices, int64_t r,
-                                       int64_t* scratch) const {
+VarintLayout VarintEncode<GpuDevice>::Count(const GpuDevice& device,
+                                            const int64_t* indices, int64_t r,
+                                            int64_t* scratch) const {
   const int64_t head = VarintLength(static_cast<uint64_t>(r));
-  if (r == 0) return head;
+  if (r == 0) return {head};
   const cudaStream_t stream = device.stream;
-  SetKernel<<<1, 1, 0, stream>>>(scratch, 0);
-  VarintLengthTilesKernel<<<static_cast<unsigned>(TileCount(r)), kThreads, 0,
-                            stream>>>(indices, r, scratch + 1, scratch);
-  return head + ReadBack(stream, scratch);
+  Store(stream, scratch, int64_t{0});
+  CountTiles(stream, VarintItems{indices, nullptr}, r, scratch + 1, scratch);
+  return {head + ReadBack(stream, scratch)};
 }
 
 void VarintEncode<GpuDevice>::Write(const GpuDevice& device,
                                     const int64_t* indices, int64_t r,
+                                    const VarintLayout& /*layout*/,
                                     int64_t* scratch, uint8_t* out) const {
   const cudaStream_t stream = device.stream;
   VarintCountKernel<<<1, 1, 0, stream>>>(out, static_cast<uint64_t>(r));
-  if (r == 0) return;
-  const int64_t tiles = TileCount(r);
-  ExclusiveScan(stream, scratch + 1, tiles);
-  VarintWriteKernel<<<static_cast<unsigned>(tiles), kThreads, 0, stream>>>(
-      indices, r, scratch + 1, VarintLength(static_cast<uint64_t>(r)), out);
+  const int64_t head = VarintLength(static_cast<uint64_t>(r));
+  WriteTiles(stream, VarintItems{indices, out + head}, r, scratch + 1);
 }
 
 int64_t VarintDecode<GpuDevice>::ScratchSize(int64_t bytes) {
@@ -997,8 +901,7 @@ DecodeStatus VarintDecode<GpuDevice>::Count(const GpuDevice& device,
     return status;
   }
   auto* state = reinterpret_cast<VarintDecodeState*>(scratch);
-  StoreKernel<<<1, 1, 0, stream>>>(
-      state, VarintDecodeState{kNoDefect, Span{0, 0}, at});
+  Store(stream, state, VarintDecodeState{kNoDefect, Span{0, 0}, at});
   int64_t parsed = 0;
   const int64_t tiles = TileCount(bytes - at);
   if (tiles > 0) {
@@ -1032,13 +935,7 @@ DecodeStatus VarintDecode<GpuDevice>::Count(const GpuDevice& device,
     }
     parsed = static_cast<int64_t>(found.total.listed);
   }
-  if (parsed != static_cast<int64_t>(count)) {
-    status.error = DecodeError::kVarintCountMismatch;
-    status.detail[0] = count;
-    status.detail[1] = static_cast<uint64_t>(parsed);
-    return status;
-  }
-  status.count = parsed;
+  index_codecs_internal::CheckVarintCount(count, parsed, &status);
   return status;
 }
 

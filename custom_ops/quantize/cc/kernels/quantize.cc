@@ -23,6 +23,7 @@
 
 #include "absl/status/status.h"
 #include "common/cc/op_prefix.h"
+#include "common/cc/scratch.h"
 #include "common/cc/tf_device.h"
 #include "quantize/cc/kernels/quantize_cpu.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -55,27 +56,23 @@ TFC_QUANTIZE_INSTANTIATE_CPU(double);
 namespace {
 
 static_assert(sizeof(QuantizeError) == 3 * sizeof(int64_t),
-              "QuantizeError lives in an int64 temp of 3 elements");
+              "QuantizeError lives in a scratch of 3 int64 values");
 
 // Device memory for a functor's QuantizeError and its scratch bytes.
 struct FunctorTemps {
-  Tensor error;
-  Tensor scratch;
+  FunctorScratch error;
+  FunctorScratch scratch;
   QuantizeError* error_data() {
-    return reinterpret_cast<QuantizeError*>(error.flat<int64_t>().data());
+    return reinterpret_cast<QuantizeError*>(error.words());
   }
-  void* scratch_data() {
-    return scratch.NumElements() == 0 ? nullptr
-                                      : scratch.flat<int8_t>().data();
-  }
+  void* scratch_data() { return scratch.data(); }
 };
 
 absl::Status AllocateTemps(OpKernelContext* context, int64_t scratch_bytes,
                            FunctorTemps* temps) {
   TF_RETURN_IF_ERROR(
-      context->allocate_temp(DT_INT64, TensorShape({3}), &temps->error));
-  return context->allocate_temp(DT_INT8, TensorShape({scratch_bytes}),
-                                &temps->scratch);
+      temps->error.AllocateBytes(context, sizeof(QuantizeError)));
+  return temps->scratch.AllocateBytes(context, scratch_bytes);
 }
 
 // The functor's error record, read on the host.

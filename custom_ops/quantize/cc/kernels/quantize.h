@@ -255,6 +255,16 @@ TFC_HOST_DEVICE inline uint32_t TernGradCode(C value, C bound, C scale,
   return static_cast<uint32_t>(nonzero * (1 + (value < 0)));
 }
 
+// The sign test of SignEncode, x < 0 in T's compute type, as the functor the
+// one sign packer takes (common/cc/sign_stream.h and its CUDA twin, shared
+// with PackSigns of bitpack).
+struct BelowZero {
+  template <typename T>
+  TFC_HOST_DEVICE bool operator()(T x) const {
+    return ToCompute(x) < 0;
+  }
+};
+
 // Whether a noise value is usable: in [0, 1) (NaN is not).
 TFC_HOST_DEVICE inline bool NoiseValid(float u) { return u >= 0.0f && u < 1.0f; }
 
@@ -406,12 +416,14 @@ template <typename Device, typename T>
 struct TernGradDecode;
 
 // SignEncode: writes *scale (mean |x|, or 1 when !scaled; 0 for n = 0 when
-// scaled) and the sign bits (1 where x < 0). Errors: kNonFiniteInput,
+// scaled) and the sign bits (1 where x < 0: BelowZero), packed by the one
+// sign packer (common/cc/sign_stream.h). Errors: kNonFiniteInput,
 // kBeyondFloatRange (a mean |x| beyond float32, double input).
 template <typename Device, typename T>
 struct SignEncode;
 
-// SignDecode: n > 0 signs times a validated (finite, >= 0) scale.
+// SignDecode: n > 0 signs times a validated (finite, >= 0) scale, read by
+// the one sign packer.
 template <typename Device, typename T>
 struct SignDecode;
 

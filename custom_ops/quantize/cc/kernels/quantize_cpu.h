@@ -14,6 +14,9 @@
 //    codes are computed into a chunk buffer, then packed 8 at a time by the
 //    bit stream's PackGroup8 / UnpackGroup8 (constant shifts), the stream's
 //    last < 8 codes by its BitWriter / BitReader;
+//  * the signs of SignEncode / SignDecode go through the one sign packer
+//    (common/cc/sign_stream.h, blocks of 64 signs), which PackSigns /
+//    UnpackSigns of bitpack share;
 //  * drawn noise (UniformNoise without values) is generated per chunk, one
 //    Philox block per 4 elements, into the chunk's buffer: no array of n
 //    noise values is ever written or read.
@@ -32,6 +35,7 @@
 #include "common/cc/bit_stream.h"
 #include "common/cc/device.h"
 #include "common/cc/float16_types.h"
+#include "common/cc/sign_stream.h"
 #include "quantize/cc/kernels/quantize.h"
 
 namespace tensorflow {
@@ -138,8 +142,9 @@ int64_t RowMaxAbs(const CpuDevice& device, const RowLayout& layout,
 }
 
 // Calls body(std::integral_constant<int, BITS>()) for BITS = bits when bits
-// is 1 to 9 (every width of the quantize ops: signs 1, TernGrad 2, QSGD 2 to
-// 9); returns false, calling nothing, for other widths.
+// is 1 to 9 (every width of the quantize codes: TernGrad 2, QSGD 2 to 9; the
+// signs go through the one sign packer, common/cc/sign_stream.h); returns
+// false, calling nothing, for other widths.
 template <typename Body>
 inline bool WithStaticBits(int bits, const Body& body) {
   switch (bits) {
@@ -660,26 +665,16 @@ void SignEncode<CpuDevice, T>::operator()(const CpuDevice& device, bool scaled,
       return;
     }
   }
-  auto encode = [x](int64_t begin, int64_t end, uint32_t* codes) {
-    for (int64_t i = begin; i < end; ++i) {
-      codes[i - begin] = ToCompute(x[i]) < 0 ? 1 : 0;
-    }
-  };
-  PackCodes(device, n, 1, 4, encode, packed);
+  PackSignStream(device, x, n, BelowZero(), packed);
 }
 
 template <typename T>
 void SignDecode<CpuDevice, T>::operator()(const CpuDevice& device, float scale,
                                           const uint8_t* packed, int64_t n,
                                           T* x_hat) const {
-  using namespace quantize_internal;  // NOLINT(build/namespaces)
   using C = typename ComputeType<T>::type;
-  const T values[2] = {FromCompute<T>(static_cast<C>(scale)),
-                       FromCompute<T>(-static_cast<C>(scale))};
-  auto decode = [&](int64_t begin, int64_t end, const uint32_t* codes) {
-    for (int64_t i = begin; i < end; ++i) x_hat[i] = values[codes[i - begin]];
-  };
-  UnpackCodes(device, n, 1, 2, packed, decode);
+  UnpackSignStream(device, packed, n, FromCompute<T>(static_cast<C>(scale)),
+                   FromCompute<T>(-static_cast<C>(scale)), x_hat);
 }
 
 }  // namespace functor

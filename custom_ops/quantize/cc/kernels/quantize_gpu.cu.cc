@@ -16,8 +16,9 @@
 //    --fmad=false and with MulRounded where a product feeds a sum, so no
 //    multiply-add is fused;
 //  * packing: one thread per byte group (ByteGroupOf: whole bytes, never
-//    shared) through the one bit stream's BitWriter / BitReader; signs use
-//    __ballot_sync like PackSigns;
+//    shared) through the one bit stream's BitWriter / BitReader; the signs
+//    go through the one sign packer's kernels
+//    (common/cc/sign_stream_gpu.cu.h), which PackSigns / UnpackSigns share;
 //  * errors: atomicMin on first-index slots in the scratch memory, resolved
 //    into the QuantizeError by a last one-thread kernel with the CPU's
 //    precedence (non-finite x, then float range, then noise).
@@ -32,6 +33,8 @@
 #include "common/cc/bit_stream.h"
 #include "common/cc/device.h"
 #include "common/cc/float16_types.h"
+#include "common/cc/gpu_util.cu.h"
+#include "common/cc/sign_stream_gpu.cu.h"
 #include "quantize/cc/kernels/quantize.h"
 
 namespace tensorflow {
@@ -39,22 +42,12 @@ namespace tfcompress {
 namespace {
 
 constexpr int kReduceThreads = 512;  // one thread per pair of 1024 leaves
-constexpr int kThreads = 256;
-constexpr int64_t kMaxBlocks = 8192;
 constexpr int64_t kUpperGroup = 1024;
 constexpr double kFloatMax = 3.4028234663852886e38;
 
-int BlocksFor(int64_t work_items) {
-  const int64_t blocks = (work_items + kThreads - 1) / kThreads;
-  return static_cast<int>(blocks < 1 ? 1
-                                     : (blocks > kMaxBlocks ? kMaxBlocks
-                                                            : blocks));
-}
-
-__device__ inline void AtomicMinIndex(int64_t* slot, int64_t index) {
-  atomicMin(reinterpret_cast<long long*>(slot),  // NOLINT(runtime/int)
-            static_cast<long long>(index));      // NOLINT(runtime/int)
-}
+using gpu_util::AtomicMinInt64;
+using gpu_util::BlocksFor;
+using gpu_util::kThreads;
 
 // Scratch layout shared by the encoders: first-index slots, then float64
 // arrays of `units` (twice, for the level ping-pong) and of rows.
@@ -161,7 +154,7 @@ __global__ void UnitReduceKernel(RowLayout layout, const T* __restrict__ x,
       if (begin + k < end) {
         magnitude = AbsValue(ToDouble(x[begin + k]));
         if (!IsFiniteDouble(magnitude)) {
-          AtomicMinIndex(first_nonfinite, begin + k);
+          AtomicMinInt64(first_nonfinite, begin + k);
           magnitude = 0.0;
         }
       }
@@ -239,7 +232,7 @@ __global__ void QsgdNormsKernel(int64_t buckets, bool l2,
   for (int64_t b = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
        b < buckets; b += stride) {
     double norm = maxes[b];
-    if (norm > kFloatMax) AtomicMinIndex(&slots[1], b);
+    if (norm > kFloatMax) AtomicMinInt64(&slots[1], b);
     norms64[b] = norm;  // the error value, if this bucket is reported
     if (l2) {
       const double root = sqrt(sums[b]);
@@ -272,7 +265,7 @@ __global__ void QsgdEncodeKernel(const T* __restrict__ x,
           static_cast<C>(norms[i / bucket_size]) / static_cast<C>(levels);
       uint32_t code = 0;
       if (!NoiseValid(u)) {
-        AtomicMinIndex(&slots[2], i);
+        AtomicMinInt64(&slots[2], i);
       } else if (step > 0) {
         code = QsgdCode(ToCompute(x[i]), step, u, levels);
       }
@@ -321,7 +314,7 @@ __global__ void QsgdDecodeKernel(const uint8_t* __restrict__ packed,
     for (int64_t i = begin; i < end; ++i) {
       const uint32_t code = reader.Get(bits);
       if ((code >> 1) > static_cast<uint32_t>(levels)) {
-        AtomicMinIndex(&error->index, i);
+        AtomicMinInt64(&error->index, i);
       }
       const C step =
           static_cast<C>(norms[i / bucket_size]) / static_cast<C>(levels);
@@ -359,7 +352,7 @@ __global__ void QsgdDecodeSumKernel(const uint8_t* __restrict__ packed,
       const uint32_t code = static_cast<uint32_t>(
           ReadBitsAt(packed + p * row_bytes, i * bits, bits));
       if ((code >> 1) > static_cast<uint32_t>(levels)) {
-        AtomicMinIndex(&error->index, p * n + i);
+        AtomicMinInt64(&error->index, p * n + i);
       }
       const C step = static_cast<C>(norms[p * buckets + i / bucket_size]) /
                      static_cast<C>(levels);
@@ -424,7 +417,7 @@ __global__ void TernGradEncodeKernel(const T* __restrict__ x,
       const float u = noise.At(i);
       uint32_t code = 0;
       if (!NoiseValid(u)) {
-        AtomicMinIndex(&slots[2], i);
+        AtomicMinInt64(&slots[2], i);
       } else if (scale_c > 0) {
         code = TernGradCode(ToCompute(x[i]), bound, scale_c, u);
       }
@@ -448,7 +441,7 @@ __global__ void TernGradDecodeKernel(const uint8_t* __restrict__ packed,
        i < n; i += stride) {
     const uint32_t code = (packed[i >> 2] >> (2 * (i & 3))) & 3u;
     if (code > 2) {
-      AtomicMinIndex(&error->index, i);
+      AtomicMinInt64(&error->index, i);
       x_hat[i] = values[0];
     } else {
       x_hat[i] = values[code];
@@ -475,39 +468,6 @@ __global__ void SetScaleKernel(float* scale, float value) { *scale = value; }
 
 __global__ void SetOkKernel(QuantizeError* error) {
   *error = {kQuantizeOk, 0, 0.0};
-}
-
-template <typename T>
-__global__ void SignEncodeKernel(const T* __restrict__ x, int64_t n,
-                                 uint8_t* __restrict__ packed) {
-  const int64_t padded = (n + 31) / 32 * 32;  // whole warps iterate together
-  const int64_t bytes = (n + 7) / 8;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-       i < padded; i += stride) {
-    const bool negative = i < n && ToCompute(x[i]) < 0;
-    const uint32_t word = __ballot_sync(0xFFFFFFFFu, negative);
-    if ((threadIdx.x & 31) == 0) {
-      const int64_t offset = i / 8;
-      for (int64_t k = 0; k < 4 && offset + k < bytes; ++k) {
-        packed[offset + k] = static_cast<uint8_t>(word >> (8 * k));
-      }
-    }
-  }
-}
-
-template <typename T>
-__global__ void SignDecodeKernel(const uint8_t* __restrict__ packed,
-                                 int64_t n, float scale,
-                                 T* __restrict__ x_hat) {
-  using C = typename ComputeType<T>::type;
-  const T positive = FromCompute<T>(static_cast<C>(scale));
-  const T negative = FromCompute<T>(-static_cast<C>(scale));
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-       i < n; i += stride) {
-    x_hat[i] = ((packed[i >> 3] >> (i & 7)) & 1) ? negative : positive;
-  }
 }
 
 // Runs the unit reductions of one row over all of x: max |x| (with the
@@ -695,7 +655,7 @@ void SignEncode<GpuDevice, T>::operator()(const GpuDevice& device, bool scaled,
     SignScaleKernel<<<1, 1, 0, stream>>>(sum, n, scale, s.row_values,
                                          s.slots);
   }
-  SignEncodeKernel<T><<<BlocksFor(n), kThreads, 0, stream>>>(x, n, packed);
+  PackSignStream(device, x, n, BelowZero(), packed);
   ResolveEncodeErrorKernel<T><<<1, 1, 0, stream>>>(
       s.slots, n, 1, x, GivenNoise(nullptr), s.row_values, error);
 }
@@ -704,8 +664,9 @@ template <typename T>
 void SignDecode<GpuDevice, T>::operator()(const GpuDevice& device, float scale,
                                           const uint8_t* packed, int64_t n,
                                           T* x_hat) const {
-  SignDecodeKernel<T><<<BlocksFor(n), kThreads, 0, device.stream>>>(
-      packed, n, scale, x_hat);
+  using C = typename ComputeType<T>::type;
+  UnpackSignStream(device, packed, n, FromCompute<T>(static_cast<C>(scale)),
+                   FromCompute<T>(-static_cast<C>(scale)), x_hat);
 }
 
 #define TFC_QUANTIZE_INSTANTIATE_GPU(T)         \

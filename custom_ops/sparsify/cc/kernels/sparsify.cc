@@ -21,6 +21,7 @@
 #include "common/cc/device.h"
 #include "common/cc/kernel_checks.h"
 #include "common/cc/op_prefix.h"
+#include "common/cc/scratch.h"
 #include "common/cc/tf_device.h"
 #include "sparsify/cc/kernels/sparsify_cpu.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -48,13 +49,6 @@ TFC_SPARSIFY_INSTANTIATE_CPU(double)
 }  // namespace functor
 
 namespace {
-
-// A temporary of at least `bytes` bytes (8-byte aligned) on the op's device.
-absl::Status AllocateScratch(OpKernelContext* context, int64_t bytes,
-                             Tensor* scratch) {
-  return context->allocate_temp(DT_INT64, TensorShape({(bytes + 7) / 8}),
-                                scratch);
-}
 
 absl::Status NonFiniteError(const char* op, const std::string& tensor_name,
                             int64_t index) {
@@ -98,13 +92,12 @@ class TopKOp : public OpKernel {
     using Storage = FunctorType<T>;
     using Select = functor::TopKMagnitudes<Device, Storage>;
     const Device device = MakeDevice<Device>(context);
-    Tensor scratch;
-    OP_REQUIRES_OK(context, AllocateScratch(context, Select::ScratchBytes(n),
-                                            &scratch));
+    FunctorScratch scratch;
+    OP_REQUIRES_OK(context,
+                   scratch.AllocateBytes(context, Select::ScratchBytes(n)));
     int32_t* selected = indices->flat<int32_t>().data();
-    const int64_t first_non_finite =
-        Select()(device, FunctorData<T>(x), n, k, selected,
-                 scratch.flat<int64_t>().data());
+    const int64_t first_non_finite = Select()(
+        device, FunctorData<T>(x), n, k, selected, scratch.data());
     OP_REQUIRES(context, first_non_finite < 0,
                 NonFiniteError("TopK", tensor_name_, first_non_finite));
     functor::GatherValues<Device, Storage>()(device, FunctorData<T>(x),
@@ -140,12 +133,10 @@ class ThresholdSelectOp : public OpKernel {
     using Storage = FunctorType<T>;
     using Select = functor::ThresholdSelect<Device, Storage>;
     const Device device = MakeDevice<Device>(context);
-    Tensor scratch;
+    FunctorScratch scratch;
     OP_REQUIRES_OK(context,
-                   context->allocate_temp(
-                       DT_INT64, TensorShape({Select::ScratchSize(n)}),
-                       &scratch));
-    int64_t* block_counts = scratch.flat<int64_t>().data();
+                   scratch.AllocateWords(context, Select::ScratchSize(n)));
+    int64_t* block_counts = scratch.words();
     const Select select;
     const functor::ThresholdCount count =
         select.Count(device, FunctorData<T>(x), n, threshold, block_counts);
@@ -197,13 +188,12 @@ class SparseScatterOp : public OpKernel {
     using Storage = FunctorType<T>;
     const Device device = MakeDevice<Device>(context);
     const int32_t* index = indices.flat<int32_t>().data();
-    Tensor scratch;
-    const TensorShape scratch_shape({functor::kScatterCheckScratchSize});
-    OP_REQUIRES_OK(context,
-                   context->allocate_temp(DT_INT64, scratch_shape, &scratch));
+    FunctorScratch scratch;
+    OP_REQUIRES_OK(context, scratch.AllocateWords(
+                                context, functor::kScatterCheckScratchSize));
     const functor::ScatterIndexError error =
         functor::CheckScatterIndices<Device>()(device, index, m, size,
-                                               scratch.flat<int64_t>().data());
+                                               scratch.words());
     OP_REQUIRES(context, error.out_of_range < 0,
                 InvalidArgument("SparseScatter: corrupted payload: `indices[",
                                 error.out_of_range, "]` = ",
@@ -247,11 +237,11 @@ class RandomKIndicesOp : public OpKernel {
     OP_REQUIRES_OK(context,
                    context->allocate_output(0, TensorShape({k}), &indices));
     using Select = functor::RandomKIndices<Device>;
-    Tensor scratch;
-    OP_REQUIRES_OK(context, AllocateScratch(context, Select::ScratchBytes(n),
-                                            &scratch));
+    FunctorScratch scratch;
+    OP_REQUIRES_OK(context,
+                   scratch.AllocateBytes(context, Select::ScratchBytes(n)));
     Select()(MakeDevice<Device>(context), noise.flat<uint32_t>().data(), n, k,
-             indices->flat<int32_t>().data(), scratch.flat<int64_t>().data());
+             indices->flat<int32_t>().data(), scratch.data());
   }
 };
 

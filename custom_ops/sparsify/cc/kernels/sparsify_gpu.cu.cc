@@ -13,14 +13,14 @@
 // the GPU. Then K, the k-th largest key, and `need`, how many keys equal to K
 // are selected (the lowest indices: the CPU's tie rule), are known, and the
 // selection is written in index order by the tile compaction of
-// compaction_gpu.cu.h: element i is selected iff key > K, or key == K and
-// fewer than `need` keys equal to K precede it.
+// common/cc/compaction_gpu.cu.h: element i is selected iff key > K, or
+// key == K and fewer than `need` keys equal to K precede it.
 //
 // ThresholdSelect: one counting kernel (per-tile counts, the first
 // non-finite index and the largest key, by atomics), a second small pass
-// for the fallback's index when nothing reaches the threshold, and the tile
-// compaction. Functors that return a value read it back and wait for the
-// stream; the others only enqueue.
+// for the fallback's index when nothing reaches the threshold, and the
+// writing pass of the tile compaction (WriteTiles). Functors that return a
+// value read it back and wait for the stream; the others only enqueue.
 
 #if GOOGLE_CUDA
 
@@ -30,8 +30,9 @@
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
 
+#include "common/cc/compaction_gpu.cu.h"
 #include "common/cc/device.h"
-#include "sparsify/cc/kernels/compaction_gpu.cu.h"
+#include "common/cc/gpu_util.cu.h"
 #include "sparsify/cc/kernels/sparsify.h"
 #include "sparsify/cc/kernels/sparsify_keys.h"
 
@@ -39,15 +40,17 @@ namespace tensorflow {
 namespace tfcompress {
 namespace {
 
-using gpu_compaction::AtomicMaxUint64;
-using gpu_compaction::AtomicMinInt64;
 using gpu_compaction::ExclusiveScan;
-using gpu_compaction::GridFor;
 using gpu_compaction::kItemsPerThread;
-using gpu_compaction::kThreads;
 using gpu_compaction::kTileItems;
-using gpu_compaction::ReadBack;
 using gpu_compaction::TileCount;
+using gpu_compaction::WriteTiles;
+using gpu_util::AtomicAddInt64;
+using gpu_util::AtomicMaxUint64;
+using gpu_util::AtomicMinInt64;
+using gpu_util::GridFor;
+using gpu_util::kThreads;
+using gpu_util::ReadBack;
 using sparsify_internal::Magnitude;
 
 // The keys of TopK: |x| as Magnitude<T>'s integer key.
@@ -311,8 +314,7 @@ __global__ void ThresholdCountKernel(const T* x, int64_t n,
   const int64_t tile_count = Reduce(storage).Sum(count);
   if (threadIdx.x == 0) {
     scratch[kThresholdHeader + blockIdx.x] = tile_count;
-    atomicAdd(reinterpret_cast<unsigned long long*>(&scratch[0]),  // NOLINT
-              static_cast<unsigned long long>(tile_count));         // NOLINT
+    AtomicAddInt64(&scratch[0], tile_count);
   }
 }
 
@@ -328,32 +330,20 @@ __global__ void FirstKeyKernel(const T* x, int64_t n, uint64_t key,
   }
 }
 
+// The items of ThresholdSelect's writing pass: element i is selected (one
+// output, its index) when its key reaches the threshold's.
 template <typename T>
-__global__ void ThresholdWriteKernel(const T* x, int64_t n,
-                                     uint64_t threshold_key,
-                                     const int64_t* tile_offsets,
-                                     int32_t* out) {
-  using M = Magnitude<T>;
-  using Scan = cub::BlockScan<int64_t, kThreads>;
-  __shared__ typename Scan::TempStorage storage;
-  const int64_t begin =
-      blockIdx.x * kTileItems + int64_t{threadIdx.x} * kItemsPerThread;
-  uint32_t taken = 0;  // bit j: element begin + j is selected
-  int64_t count = 0;
-  for (int j = 0; j < kItemsPerThread; ++j) {
-    const int64_t i = begin + j;
-    if (i < n && static_cast<uint64_t>(M::KeyOf(x[i])) >= threshold_key) {
-      taken |= 1u << j;
-      ++count;
-    }
+struct ThresholdItems {
+  const T* x;
+  uint64_t threshold_key;
+  int32_t* out;
+  __device__ int Size(int64_t i) const {
+    return static_cast<uint64_t>(Magnitude<T>::KeyOf(x[i])) >= threshold_key;
   }
-  int64_t position = 0;
-  Scan(storage).ExclusiveSum(count, position);
-  position += tile_offsets[blockIdx.x];
-  for (int j = 0; j < kItemsPerThread; ++j) {
-    if (taken & (1u << j)) out[position++] = static_cast<int32_t>(begin + j);
+  __device__ void Write(int64_t i, int64_t at) const {
+    out[at] = static_cast<int32_t>(i);
   }
-}
+};
 
 // --- gather, scatter, checks -------------------------------------------------
 
@@ -462,12 +452,8 @@ void ThresholdSelect<GpuDevice, T>::Write(const GpuDevice& device, const T* x,
   }
   const uint64_t threshold_key =
       static_cast<uint64_t>(sparsify_internal::ThresholdKey<T>(threshold));
-  const int64_t tiles = TileCount(n);
-  int64_t* tile_offsets = scratch + kThresholdHeader;
-  ExclusiveScan(stream, tile_offsets, tiles);
-  ThresholdWriteKernel<T><<<static_cast<unsigned>(tiles), kThreads, 0,
-                            stream>>>(x, n, threshold_key, tile_offsets,
-                                      indices);
+  WriteTiles(stream, ThresholdItems<T>{x, threshold_key, indices}, n,
+             scratch + kThresholdHeader);
 }
 
 template <typename T>
