@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 
 # Debian's bazel-bootstrap (4.2.3) and its mock rule repositories let
 # tests/ops/test_bazel.py build an op library with Bazel offline (about a
-# minute to install on 2 cores; docs/BUILDING.md).
+# minute to install on 2 cores; docs/howto/build-the-ops.md).
 if [ ! -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ] || [ ! -f /usr/include/zlib.h ] \
   || [ ! -d /usr/src/bazel-bootstrap/mock_repos ] || ! command -v bazel >/dev/null; then
   if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi

@@ -12,7 +12,7 @@ on another processor. This script measures how far: for every seed
 ``TFCOMPRESS_TRAINING_LOG`` set, so each check appends the figure it asserts
 on and its limit (``tests/numerics.py``). Then it prints, per check, the
 smallest and largest figure, their spread, the limit and the smallest
-headroom; the README's margins were chosen from this table.
+headroom; the margins in TESTING.md were chosen from this table.
 
 Not part of the test suite (it runs the slow tests many times): a local
 measurement, from a source checkout.

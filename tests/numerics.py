@@ -12,7 +12,7 @@ Two kinds of claims live in this suite:
   and two short training runs on two machines follow different trajectories.
   Those tests compare within tolerances taken from measurements:
   ``assert_same_predictions`` for a model served elsewhere, and the training
-  comparisons' margins (README, "What the tests assert about accuracy").
+  comparisons' margins (TESTING.md, "What the tests assert about accuracy").
 
 ``TFCOMPRESS_TEST_SEED`` (default 1) changes the initialisation seed of every
 training comparison, and ``TFCOMPRESS_TRAINING_LOG`` (a path) makes each one

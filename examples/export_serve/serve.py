@@ -30,7 +30,7 @@ from tensorflow.core.protobuf import saved_model_pb2  # noqa: E402
 # process cannot import).
 CUSTOM_OP_PREFIX = "TFCompress>"
 # Same weights, another process or processor: up to 3.2 ulps of the largest
-# logit measured (README); one more training step moves them by ~10^6 ulps.
+# logit measured (TESTING.md); one more training step moves them by ~10^6 ulps.
 PREDICTION_ULPS = 16
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -57,7 +57,8 @@ args = parser.parse_args()
 save_freq = args.save_freq if args.save_freq == "epoch" else int(args.save_freq)
 
 # tf-keras: its BackupAndRestore resumes mid-epoch backups at the saved step (with
-# Keras 3, tfcompress.keras.BackupAndRestore resumes at epoch starts; see the README).
+# Keras 3, tfcompress.keras.BackupAndRestore resumes at epoch starts; see
+# docs/howto/checkpoints-and-preemption.md).
 os.environ["TF_USE_LEGACY_KERAS"] = "1"
 
 import numpy as np  # noqa: E402

@@ -452,7 +452,7 @@ def test_two_worker_fit_with_lossless_codecs_is_topk_bit_for_bit(tmp_path_factor
 
 
 # From the spread measured over 10 runs (seeds and oneDNN instruction sets,
-# scripts/training_spread.py; README, "What the tests assert about accuracy"):
+# scripts/training_spread.py; TESTING.md, "What the tests assert about accuracy"):
 # TopK reached 0.62 to 0.69, and Bloom P0 minus TopK was -0.088 to +0.061;
 # the margin is 1.5 times the largest deficit, rounded up to 0.01.
 LEARNED_ACCURACY = 0.4

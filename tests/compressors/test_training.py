@@ -17,7 +17,7 @@ minus uncompressed accuracy was -0.011 to -0.078 for every compressor but
 SignSGD, and -0.067 to -0.178 for SignSGD with error feedback (sign
 compression starts slowly under Adam). Each margin is 1.5 times the largest
 deficit measured, rounded up to 0.01. ``TFCOMPRESS_TEST_SEED`` changes the
-seed (README, "What the tests assert about accuracy").
+seed (TESTING.md, "What the tests assert about accuracy").
 """
 
 import json

@@ -13,8 +13,8 @@ from tests.numerics import record_training, training_seed
 pytestmark = pytest.mark.slow
 
 # 32 steps: both runs reached 0.54 to 0.68 over 10 runs (seeds and oneDNN
-# instruction sets, scripts/training_spread.py; README, "What the tests assert
-# about accuracy"). The check is that they learned: 4 times chance.
+# instruction sets, scripts/training_spread.py; TESTING.md, "What the tests
+# assert about accuracy"). The check is that they learned: 4 times chance.
 LEARNED_ACCURACY = 0.4
 
 

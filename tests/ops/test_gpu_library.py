@@ -12,7 +12,7 @@ link with the CUDA runtime) would never be compiled together.
 The test lets the build take the nvcc found, whatever its major version (by
 reporting that version as TensorFlow's, in a child process with its own
 cache), builds, loads the library into TensorFlow and lists the devices each
-op has kernels for. It checks what docs/BUILDING.md says runs on a GPU: every
+op has kernels for. It checks what docs/howto/build-the-ops.md says runs on a GPU: every
 op below has a GPU kernel and the others have none. Running those kernels
 needs a GPU; ``scripts/gpu_check.sh`` compares them with the CPU functors
 there.
@@ -30,7 +30,7 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
-# The ops with a GPU kernel (docs/BUILDING.md, "What runs on a GPU").
+# The ops with a GPU kernel (docs/howto/build-the-ops.md, "What runs on a GPU").
 GPU_OPS = {
     "BitmapDecode",
     "BitmapEncode",

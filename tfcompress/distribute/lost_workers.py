@@ -1,8 +1,8 @@
 """Errors that mean a worker was lost: which one, and the other workers told at once.
 
 What TensorFlow 2.21 does when one worker of a ``MultiWorkerMirroredStrategy``
-cluster is lost (measured with 3 CPU workers on loopback; the README's "When a
-worker is lost" has the times):
+cluster is lost (measured with 3 CPU workers on loopback; "When a worker is lost"
+in docs/howto/run-on-machines.md has the times):
 
 * It crashes (process gone, sockets closed): the worker that receives from it
   in the ring all-reduce gets ``UnavailableError`` at once ("recvmsg:Connection

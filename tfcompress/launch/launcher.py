@@ -14,7 +14,7 @@ one worker exits 0 while others keep running (peers that wait for it would hang 
 their next collective), they get ``exit_grace`` seconds to finish, then are stopped
 with a message. With ``--failure-grace S``, the others are stopped only S seconds
 after a failure, so that they can notice the lost peer and report it themselves, as
-they would on machines of their own (see "When a worker is lost" in the README).
+they would on machines of their own (docs/howto/run-on-machines.md, "When a worker is lost").
 If the launcher itself is killed, even by SIGKILL, a watchdog process
 (:mod:`tfcompress.launch.watchdog`) stops the workers and deletes the namespaces.
 
