@@ -44,8 +44,12 @@ def test_every_command_has_subcommands_to_check():
 
 @pytest.mark.parametrize("path", leaf_commands(cli.build_parser()), ids=" ".join)
 def test_a_wrong_flag_prints_the_subcommands_usage(capsys, path):
-    # The launcher needs -n, or argparse would report that first; after it, the flag.
-    required = ["-n", "2"] if path == ("launch",) else []
+    # The launcher and advise need their options, or argparse would report that first;
+    # after them, the flag.
+    required = {
+        ("launch",): ["-n", "2"],
+        ("advise",): ["--model", "resnet20", "--workers", "2", "--bandwidth", "1gbit"],
+    }.get(path, [])
     usage, error = usage_error(capsys, [*path, *required, "--no-such-flag", "--", "true"])
     prog = " ".join(("tfcompress", *path))
     assert usage.startswith(f"usage: {prog} ")
@@ -111,7 +115,9 @@ def test_python_dash_m_tfcompress_help(tmp_path):
         timeout=60,
     )
     assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith("usage: tfcompress [-h] [--version] {launch,bench,fuzz,ops}")
+    assert result.stdout.startswith(
+        "usage: tfcompress [-h] [--version] {launch,bench,fuzz,ops,advise}"
+    )
     for name, _, summary in cli._SUBCOMMANDS:
         assert any(line.split() == [name, *summary.split()] for line in result.stdout.splitlines())
     assert result.stderr == ""

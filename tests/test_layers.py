@@ -1,6 +1,7 @@
 """The package's layers import downward only, without cycles and without lazy imports.
 
-    _internal < ops < codecs < compressors < distribute < keras < tools (launch, bench, fuzz, data, cli)
+    _internal < ops < codecs < compressors < planner < distribute < keras
+        < tools (launch, bench, fuzz, data, advise, cli)
 
 A module may import modules of its own layer or of a layer below. Import
 cycles between modules are forbidden, and so are imports of tfcompress modules
@@ -25,16 +26,18 @@ LAYERS = {
     "ops": 1,
     "codecs": 2,
     "compressors": 3,
-    "distribute": 4,
-    "keras": 5,
-    "launch": 6,
-    "bench": 6,
-    "fuzz": 6,
-    "data": 6,
-    "cli": 6,
-    "__main__": 6,  # python -m tfcompress: the cli
+    "planner": 4,
+    "distribute": 5,
+    "keras": 6,
+    "launch": 7,
+    "bench": 7,
+    "fuzz": 7,
+    "data": 7,
+    "advise": 7,  # tfcompress advise: the planner's command
+    "cli": 7,
+    "__main__": 7,  # python -m tfcompress: the cli
 }
-TOOLS = 6
+TOOLS = 7
 
 
 def _module_name(path: pathlib.Path) -> str:

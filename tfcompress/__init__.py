@@ -10,7 +10,7 @@ Subpackages are imported on first attribute access so that the command line
 importing only those below it::
 
     _internal (TensorFlow/Keras internals) < ops < codecs < compressors
-        < distribute < keras < tools (launch, bench, data, cli)
+        < planner < distribute < keras < tools (launch, bench, data, advise, cli)
 
 Keras 3's multi-worker ``model.fit`` fix is installed by the strategy factory
 (``tfcompress.distribute.MultiWorkerMirroredStrategy``), so it does not depend
@@ -21,7 +21,17 @@ import importlib
 
 __version__ = "0.1.0"
 
-__all__ = ["bench", "codecs", "compressors", "data", "distribute", "keras", "launch", "ops"]
+__all__ = [
+    "bench",
+    "codecs",
+    "compressors",
+    "data",
+    "distribute",
+    "keras",
+    "launch",
+    "ops",
+    "planner",
+]
 
 
 def __getattr__(name: str):

@@ -33,6 +33,7 @@ _SUBCOMMANDS: tuple[tuple[str, str, str], ...] = (
     ("bench", "tfcompress.bench.command", "benchmarks: print tables, draw plots"),
     ("fuzz", "tfcompress.fuzz.command", "fuzz every payload decoder with mutated payloads"),
     ("ops", "tfcompress.ops.__main__", "build or inspect the C++ op library"),
+    ("advise", "tfcompress.advise", "predict which compressor pays for a model on a cluster"),
 )
 
 

@@ -48,6 +48,8 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import Self
 
+from tfcompress.planner.link import format_rate, parse_rate
+
 __all__ = [
     "MAX_WORKERS",
     "NAMESPACE_PREFIX",
@@ -87,27 +89,6 @@ _LOOPBACK_HINT = "drop --bandwidth for unlimited loopback mode"
 # One ``ip`` or ``tc`` call never takes long; a hang means something is badly wrong.
 _COMMAND_TIMEOUT = 30.0
 
-# Rates as tc(8) writes them: SI (k, m, g, t) or IEC (ki, mi, gi, ti) prefixes; "bit"
-# for bits per second, "bps" for bytes per second. A bare number is refused: tc reads it
-# as bits, many readers as bytes.
-_RATE_PATTERN = re.compile(
-    r"^\s*(?P<value>\d+(?:\.\d*)?|\.\d+)\s*(?P<prefix>[kmgt]i?)?(?P<unit>bit|bps)\s*$",
-    re.IGNORECASE,
-)
-_RATE_PREFIXES = {
-    "": 1,
-    "k": 10**3,
-    "m": 10**6,
-    "g": 10**9,
-    "t": 10**12,
-    "ki": 2**10,
-    "mi": 2**20,
-    "gi": 2**30,
-    "ti": 2**40,
-}
-_MIN_RATE = 1000  # bits per second
-_MAX_RATE = 10**12
-
 # Token bucket sizing. The bucket must hold at least what the rate sends in one timer
 # tick (10 ms at HZ=100) and a few full-size frames; the queue behind it holds 100 ms of
 # traffic, enough for TCP to keep the link busy without drops.
@@ -128,64 +109,6 @@ class NetnsError(RuntimeError):
     The message says what is missing (root, ``ip``/``tc``, a kernel qdisc) or quotes the
     failing command's error, and offers the unlimited loopback mode.
     """
-
-
-def parse_rate(text: str) -> int:
-    """Parses a rate in tc's syntax, e.g. ``100mbit``, ``1gbit``, ``12.5mbps``.
-
-    Args:
-        text: A number and a unit: ``bit``, ``kbit``, ``mbit``, ``gbit``, ``tbit`` for
-            bits per second, ``bps``, ``kbps``, ``mbps``, ``gbps``, ``tbps`` for bytes
-            per second; ``kibit``, ``mibps``, ... for powers of 1024.
-
-    Returns:
-        The rate in bits per second.
-
-    Raises:
-        ValueError: If ``text`` is not such a rate, or is below 1 kbit/s or above
-            1 tbit/s. The message names ``--bandwidth``.
-
-    >>> parse_rate("100mbit")
-    100000000
-    >>> parse_rate("1.5 gbps")
-    12000000000
-    >>> parse_rate("64kibit")
-    65536
-    """
-    match = _RATE_PATTERN.match(text)
-    if match is None:
-        raise ValueError(
-            f"--bandwidth must be a rate like 100mbit, 1gbit or 500kbit "
-            f"(units bit, kbit, mbit, gbit, tbit; bps, kbps, mbps, gbps for bytes/s), "
-            f"got {text!r}"
-        )
-    bits = float(match["value"]) * _RATE_PREFIXES[(match["prefix"] or "").lower()]
-    if match["unit"].lower() == "bps":
-        bits *= 8
-    rate = round(bits)
-    if not _MIN_RATE <= rate <= _MAX_RATE:
-        raise ValueError(f"--bandwidth must be between 1kbit and 1tbit, got {text!r}")
-    return rate
-
-
-def format_rate(bits_per_second: float) -> str:
-    """Writes a rate in bits per second for people, in the largest unit that fits.
-
-    Args:
-        bits_per_second: The rate.
-
-    Returns:
-        e.g. ``"100 Mbit/s"``.
-
-    >>> format_rate(parse_rate("100mbit")), format_rate(parse_rate("1.5gbps"))
-    ('100 Mbit/s', '12 Gbit/s')
-    >>> format_rate(parse_rate("64kibit"))
-    '65.536 kbit/s'
-    """
-    for unit, size in (("Tbit/s", 1e12), ("Gbit/s", 1e9), ("Mbit/s", 1e6), ("kbit/s", 1e3)):
-        if bits_per_second >= size:
-            return f"{bits_per_second / size:g} {unit}"
-    return f"{bits_per_second:g} bit/s"
 
 
 def qdisc_commands(device: str, rate: int, latency_ms: float | None = None) -> list[list[str]]:
