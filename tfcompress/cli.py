@@ -9,7 +9,7 @@ Adding a subcommand is one line in ``_SUBCOMMANDS``. Subcommand modules are impo
 on every invocation, so they import TensorFlow inside ``run_from_args``, never at
 module level: ``tfcompress launch`` must start at once.
 
-The command runs in :func:`~tfcompress.ops._startup_log.quiet_tensorflow_startup`:
+The command runs in :func:`~tfcompress.ops.startup_log.quiet_tensorflow_startup`:
 the import of TensorFlow that a subcommand makes defaults ``TF_CPP_MIN_LOG_LEVEL``
 to 2 and keeps TensorFlow's start-up lines (which ignore that variable) off
 stderr; errors still show.
@@ -22,7 +22,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-from tfcompress.ops._startup_log import quiet_tensorflow_startup
+from tfcompress.ops.startup_log import quiet_tensorflow_startup
 
 __all__ = ["main"]
 

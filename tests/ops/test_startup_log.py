@@ -1,4 +1,4 @@
-"""Tests of tfcompress/ops/_startup_log.py: no TensorFlow start-up lines in the commands' output.
+"""Tests of tfcompress/ops/startup_log.py: no TensorFlow start-up lines in the commands' output.
 
 The commands run in fresh processes against a stand-in ``tensorflow`` package
 (put first on ``PYTHONPATH``) that writes absl-style log lines of every
@@ -19,8 +19,8 @@ import textwrap
 
 import pytest
 
-from tfcompress.ops import _startup_log
-from tfcompress.ops._startup_log import is_hidden
+from tfcompress.ops import startup_log
+from tfcompress.ops.startup_log import is_hidden
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -52,7 +52,7 @@ def test_is_hidden_is_tf_cpp_min_log_level(level):
 def test_forward_passes_on_the_shown_lines_and_an_unfinished_last_line():
     source = io.BytesIO(("\n".join(LINES) + "\nno newline at the end").encode())
     destination = io.BytesIO()
-    _startup_log.forward(source, destination, 2)
+    startup_log.forward(source, destination, 2)
     assert destination.getvalue().decode() == "\n".join(SHOWN["2"]) + "\nno newline at the end"
 
 
@@ -68,9 +68,9 @@ def fake_tensorflow(tmp_path: pathlib.Path, ending: str) -> pathlib.Path:
 
 
 def run(args: list[str], tmp_path: pathlib.Path, fake: pathlib.Path, level: str | None):
-    env = {k: v for k, v in os.environ.items() if k != _startup_log.ENV_VAR}
+    env = {k: v for k, v in os.environ.items() if k != startup_log.ENV_VAR}
     if level is not None:
-        env[_startup_log.ENV_VAR] = level
+        env[startup_log.ENV_VAR] = level
     env["PYTHONPATH"] = os.pathsep.join([str(fake), str(ROOT)])
     env["TFCOMPRESS_CACHE_DIR"] = str(tmp_path / "cache")
     return subprocess.run(
@@ -99,7 +99,7 @@ def test_a_crash_in_the_import_still_shows_what_was_logged(tmp_path):
     """The filter is a process of its own: it passes on the lines of a process that aborted."""
     fake = fake_tensorflow(tmp_path, "os.abort()")
     script = (
-        "from tfcompress.ops._startup_log import quiet_tensorflow_startup\n"
+        "from tfcompress.ops.startup_log import quiet_tensorflow_startup\n"
         "with quiet_tensorflow_startup():\n"
         "    import tensorflow\n"
     )
@@ -114,7 +114,7 @@ def test_only_an_import_of_tensorflow_sets_the_level_and_the_module_keeps_its_lo
     script = textwrap.dedent(
         """
         import importlib.machinery, importlib.util, os, sys
-        from tfcompress.ops._startup_log import quiet_tensorflow_startup
+        from tfcompress.ops.startup_log import quiet_tensorflow_startup
         with quiet_tensorflow_startup():
             import json
             spec = importlib.util.find_spec("tensorflow")  # the op build's look, no import
@@ -136,7 +136,7 @@ def test_only_an_import_of_tensorflow_sets_the_level_and_the_module_keeps_its_lo
 def test_the_real_tensorflow_import_shows_no_start_up_lines(tmp_path):
     """TensorFlow 2.21 prints its start-up lines twice, at any level, without the filter."""
     script = (
-        "from tfcompress.ops._startup_log import quiet_tensorflow_startup\n"
+        "from tfcompress.ops.startup_log import quiet_tensorflow_startup\n"
         "with quiet_tensorflow_startup():\n"
         "    import tensorflow\n"
         "print(tensorflow.constant(2).numpy())\n"
@@ -149,5 +149,5 @@ def test_the_real_tensorflow_import_shows_no_start_up_lines(tmp_path):
 
 
 def test_module_doctests():
-    failures, attempted = doctest.testmod(_startup_log)
+    failures, attempted = doctest.testmod(startup_log)
     assert failures == 0 and attempted > 0

@@ -16,7 +16,7 @@ conventions and their argument conversion (shared converters in
 pure-TensorFlow references; each op is defined once, by
 :func:`tfcompress.ops._define.define_op`, which makes its wrapper and twin;
 :mod:`tfcompress.ops._loader` builds and loads the kernels;
-:mod:`tfcompress.ops._startup_log` keeps TensorFlow's start-up log lines out
+:mod:`tfcompress.ops.startup_log` keeps TensorFlow's start-up log lines out
 of the commands' output.
 
 The op modules are imported on first attribute access (as the top-level

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 import tfcompress
 from tfcompress.ops import _build, _loader
-from tfcompress.ops._startup_log import quiet_tensorflow_startup
+from tfcompress.ops.startup_log import quiet_tensorflow_startup
 
 __all__ = ["configure_parser", "main", "run_from_args", "version_text"]
 
