@@ -23,7 +23,10 @@ README_MAX_LINES = 200
 
 #: The README's two commands, as .ci/run and users type them.
 DEMO_COMMAND = "./scripts/setup.sh && python examples/fashion_mnist/demo.py"
-TEST_COMMAND = "./scripts/setup.sh && ruff check . && ruff format --check . && python -m pytest -q"
+TEST_COMMAND = (
+    "./scripts/setup.sh && ruff check . && ruff format --check . && "
+    'python -m pytest -q -m "not slow" -n 2 --dist loadfile && python -m pytest -q -m slow'
+)
 
 _FENCE = re.compile(r"^(```|~~~).*?^\1", re.MULTILINE | re.DOTALL)
 _CODE_SPAN = re.compile(r"`[^`\n]*`")

@@ -35,9 +35,11 @@ from tfcompress.keras.state import STATE_ATTRIBUTE
 DEVICES = ["/cpu:0", "/cpu:1"]
 PREFIX = ops.op_name("")  # "TFCompress>"
 
+# A stateless compressor without a kernel, and two stateful ones whose
+# kernels (TopK, QSGD) run in the training graph. (Plain QSGD, once a fourth
+# row, adds nothing DIANA(QSGD) does not cover: dropped for CI time.)
 COMPRESSORS = {
     "fp16": lambda: tfcompress.compressors.FP16(),
-    "qsgd": lambda: tfcompress.compressors.QSGD(bits=4, bucket_size=128),
     "ef_topk": lambda: tfcompress.compressors.ErrorFeedback(
         tfcompress.compressors.TopK(ratio=0.05)
     ),
@@ -195,7 +197,7 @@ def serve_without_tfcompress(manifest, output) -> dict[str, np.ndarray]:
 
 def test_training_graph_used_the_custom_kernels(exported):
     # Otherwise the checks below would be vacuous for the kernel ops.
-    for name in ("qsgd", "ef_topk", "diana_qsgd"):
+    for name in ("ef_topk", "diana_qsgd"):
         assert any(t.startswith(PREFIX) for t in exported["train_ops"][name]), name
 
 

@@ -44,8 +44,8 @@ def _nvcc() -> str | None:
     return None
 
 
-def _run_script(tmp_path: pathlib.Path, *args: str, timeout: float = 600):
-    env = dict(os.environ, GPU_CHECK_BUILD_DIR=str(tmp_path / "build"))
+def _run_script(tmp_path: pathlib.Path, *args: str, timeout: float = 600, **env_vars: str):
+    env = dict(os.environ, GPU_CHECK_BUILD_DIR=str(tmp_path / "build"), **env_vars)
     return subprocess.run(
         ["bash", str(SCRIPT), *args],
         cwd=ROOT,
@@ -89,7 +89,11 @@ def test_cpu_only_harness_passes(tmp_path):
 def test_cpu_only_harness_reports_a_mismatch(tmp_path):
     """A harness that cannot fail proves nothing: --only with a bad name fails,
     and a check that finds a difference makes the program exit 1."""
-    result = _run_script(tmp_path, "--cpu-only", "--only", "no-such-check")
+    # Unoptimised builds (-O0, half the compile time): this test reads exit codes
+    # and messages, not throughput.
+    result = _run_script(
+        tmp_path, "--cpu-only", "--only", "no-such-check", GPU_CHECK_HOST_OPT="-O0"
+    )
     assert result.returncode == 2
     assert "no check named 'no-such-check'" in result.stderr
     # Build a copy of the sources whose bitpack reference is deliberately wrong.
