@@ -44,6 +44,7 @@ from tfcompress.distribute.handle import CompressionHandle, first_global_replica
 from tfcompress.distribute.policy import CompressionPolicy
 from tfcompress.distribute.rules import CompressionRules
 from tfcompress.distribute.transport import PayloadTransport, nbytes
+from tfcompress.planner.paths import group_by_compressor
 
 __all__ = ["CompressingCollectiveAllReduce", "fresh_collective_keys"]
 
@@ -233,7 +234,7 @@ class CompressingCollectiveAllReduce(internal.CollectiveAllReduceHook):
                 (dense_idx, self._compressed_sum),
                 (sparse_idx, self._compressed_sparse_sum),
             )
-            for compressor, indices in _by_compressor(all_indices, chosen)
+            for compressor, indices in group_by_compressor(all_indices, chosen)
         ]
         for indices, compressed_sum, compressor in groups:
             with tf.device(internal.devices_of(self)[replica_id]), tf.name_scope("tfcompress"):
@@ -474,21 +475,6 @@ class _Reduction:
             **self._amounts.as_dict(),
         )
         return False
-
-
-def _by_compressor(
-    indices: list[int], chosen: list[Compressor | None]
-) -> list[tuple[Compressor, list[int]]]:
-    """``indices`` grouped by their compressor, groups in the order of their first index."""
-    groups: list[tuple[Compressor, list[int]]] = []
-    for i in indices:
-        for compressor, members in groups:
-            if compressor is chosen[i]:
-                members.append(i)
-                break
-        else:
-            groups.append((chosen[i], [i]))
-    return groups
 
 
 def _divide(value, n: int):

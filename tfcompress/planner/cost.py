@@ -259,7 +259,10 @@ def predict(
         and s.shape.num_elements() >= min_size
     ]
     model = _Model(workers, rate, alpha, settings)
-    plans = [model.plan(c, specs, positions) for c, positions in _by_compressor(compressed, chosen)]
+    plans = [
+        model.plan(c, specs, positions)
+        for c, positions in paths.group_by_compressor(compressed, chosen)
+    ]
     if calibration is None and plans:
         calibration = calibrate([c for plan in plans for c in (plan.phase, plan.second) if c])
     rows = model.exact(specs, [i for i in range(len(specs)) if i not in set(compressed)])
@@ -290,19 +293,6 @@ def _route(compression, specs: list[tf.TensorSpec]) -> tuple[list[Compressor | N
     except TypeError as error:
         raise ValueError(f"compression: {error}") from None
     return [compressor] * len(specs), "none" if compressor is None else repr(compressor)
-
-
-def _by_compressor(positions: list[int], chosen: list) -> list[tuple[Compressor, list[int]]]:
-    """Positions grouped by compressor (identity), in the order of their first tensors."""
-    groups: list[tuple[Compressor, list[int]]] = []
-    for i in positions:
-        for compressor, members in groups:
-            if compressor is chosen[i]:
-                members.append(i)
-                break
-        else:
-            groups.append((chosen[i], [i]))
-    return groups
 
 
 def _next_pack(rows: list[UnitRow]) -> int:

@@ -40,6 +40,7 @@ __all__ = [
     "TWO_STAGE_FROM_REPLICAS",
     "Aggregation",
     "Unit",
+    "group_by_compressor",
     "pack_units",
     "plan_units",
     "second_stage_of",
@@ -320,3 +321,21 @@ def word_rounded(nbytes: int) -> int:
     (0, 4, 8)
     """
     return -(-nbytes // 4) * 4
+
+
+def group_by_compressor(indices: list[int], chosen: list) -> list[tuple[Compressor, list[int]]]:
+    """``indices`` grouped by their compressor (``chosen[i]``, by identity).
+
+    The groups come in the order of their first index, so every replica and
+    worker, which sees the same tensors in the same order, forms the same
+    groups (one compressed sum each, under ``CompressionRules``).
+    """
+    groups: list[tuple[Compressor, list[int]]] = []
+    for i in indices:
+        for compressor, members in groups:
+            if compressor is chosen[i]:
+                members.append(i)
+                break
+        else:
+            groups.append((chosen[i], [i]))
+    return groups
