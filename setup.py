@@ -3,7 +3,7 @@
 The sources stay at the repository's top level (``custom_ops/<domain>/cc/...``)
 and install as the package ``tfcompress._custom_ops``, inside ``tfcompress``,
 so that every kind of install finds them with :mod:`importlib.resources`
-(tfcompress/ops/_build.py). setup.cfg's ``packages = find:`` cannot map a
+(tfcompress/ops/_sources.py). setup.cfg's ``packages = find:`` cannot map a
 directory to a package of another name, so the package list lives here; the
 rest of the metadata stays in setup.cfg.
 

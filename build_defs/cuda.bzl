@@ -5,7 +5,7 @@ the config_setting //build_defs:cuda) compiles every domain's `gpu_srcs`
 (*_gpu.cu.cc) with nvcc into its kernels library, compiles the C++ sources
 with -DGOOGLE_CUDA=1 (their `#if GOOGLE_CUDA` GPU kernel registrations) and
 links the CUDA runtime (libcudart_static.a), as the pip build does
-(tfcompress/ops/_build.py: GPU_ARCHS, _NVCC_FLAGS, the major-version rule).
+(tfcompress/ops/_gpu_plan.py: GPU_ARCHS, NVCC_FLAGS, the major-version rule).
 A plain `bazel build` builds the CPU kernels only and needs no toolkit.
 Bazel 4.2.3 has no CUDA rules offline, so nvcc runs in one genrule per GPU
 source and its object joins the library's srcs through if_cuda (a select,
@@ -27,7 +27,7 @@ reason. Nothing is downloaded.
 
 load("@local_tensorflow//:flags.bzl", "TF_CUDA_VERSION", "TF_DEFINES")
 
-# The pip build's nvcc flags (tfcompress/ops/_build.py, _NVCC_FLAGS) and GPU
+# The pip build's nvcc flags (tfcompress/ops/_gpu_plan.py, NVCC_FLAGS) and GPU
 # architectures (GPU_ARCHS, machine code for each, PTX of the newest);
 # tests/ops/test_bazel.py checks that the two agree.
 NVCC_FLAGS = [

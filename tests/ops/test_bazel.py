@@ -34,7 +34,7 @@ import textwrap
 
 import pytest
 
-from tfcompress.ops import _build
+from tfcompress.ops import _build, _gpu_plan
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 CUDA_BZL = REPO_ROOT / "build_defs" / "cuda.bzl"
@@ -211,8 +211,8 @@ def _bzl_list(name: str) -> list[str]:
 
 
 def test_the_bazel_nvcc_flags_and_gpu_archs_are_the_pip_builds():
-    assert _bzl_list("NVCC_FLAGS") == list(_build._NVCC_FLAGS)
-    assert _bzl_list("GPU_ARCHS") == list(_build.GPU_ARCHS)
+    assert _bzl_list("NVCC_FLAGS") == list(_gpu_plan.NVCC_FLAGS)
+    assert _bzl_list("GPU_ARCHS") == list(_gpu_plan.GPU_ARCHS)
 
 
 def _cuda_home() -> pathlib.Path | None:

@@ -37,7 +37,16 @@ import tensorflow as tf
 import tfcompress
 from tfcompress import cli, ops
 from tfcompress.ops import __main__ as ops_cli
-from tfcompress.ops import _build, _description, _loader
+from tfcompress.ops import (
+    _build,
+    _compile,
+    _configuration,
+    _description,
+    _gpu_plan,
+    _loader,
+    _sources,
+    _toolchain,
+)
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -84,7 +93,7 @@ def fake_compiler(tmp_path, monkeypatch):
     monkeypatch.delenv("TFCOMPRESS_OPS_DOMAINS", raising=False)
     monkeypatch.delenv("TFCOMPRESS_OPS_WITHOUT", raising=False)
     # CPU kernels only, whatever nvcc this machine has (the GPU tests bring a fake one).
-    monkeypatch.setattr(_build, "_find_nvcc", lambda: None)
+    monkeypatch.setattr(_gpu_plan, "_find_nvcc", lambda: None)
     return log
 
 
@@ -156,7 +165,7 @@ def test_missing_compiler_raises(monkeypatch, tmp_path):
 def test_cache_key_follows_sources_and_cache_dir(fake_compiler, monkeypatch, tmp_path):
     sources = tmp_path / "custom_ops"
     shutil.copytree(REPO_ROOT / "custom_ops", sources)
-    monkeypatch.setattr(_build, "source_root", lambda: sources)
+    monkeypatch.setattr(_sources, "source_root", lambda: sources)
     original = _build.library_path()
     assert original.is_relative_to(tmp_path / "cache")
 
@@ -183,9 +192,9 @@ def test_sources_are_the_package_data_found_with_importlib_resources(monkeypatch
         asked.append(package)
         return installed
 
-    monkeypatch.setattr(_build.importlib.resources, "files", files)
+    monkeypatch.setattr(_sources.importlib.resources, "files", files)
     # An installed tfcompress has no custom_ops/ beside it.
-    monkeypatch.setattr(_build, "_package_dir", lambda: installed.parent)
+    monkeypatch.setattr(_sources, "_package_dir", lambda: installed.parent)
     with pytest.raises(ops.BuildError, match=r"C\+\+ sources not found"):
         _build.source_root()  # sources without their build descriptions
     (installed / "common" / "description.bzl").write_text("")
@@ -196,7 +205,7 @@ def test_sources_are_the_package_data_found_with_importlib_resources(monkeypatch
 def test_a_checkout_uses_its_own_sources_whatever_is_installed(monkeypatch, tmp_path):
     elsewhere = tmp_path / "other-checkout" / "custom_ops"
     shutil.copytree(REPO_ROOT / "custom_ops", elsewhere)
-    monkeypatch.setattr(_build.importlib.resources, "files", lambda package: elsewhere)
+    monkeypatch.setattr(_sources.importlib.resources, "files", lambda package: elsewhere)
     assert _build.source_root() == REPO_ROOT / "custom_ops"
 
 
@@ -204,7 +213,7 @@ def test_a_checkout_never_installed_uses_its_top_level_custom_ops(monkeypatch):
     def files(package):
         raise ModuleNotFoundError(package)
 
-    monkeypatch.setattr(_build.importlib.resources, "files", files)
+    monkeypatch.setattr(_sources.importlib.resources, "files", files)
     assert _build.source_root() == REPO_ROOT / "custom_ops"
 
 
@@ -227,7 +236,7 @@ def test_packaging_ships_every_file_of_the_cache_key(monkeypatch):
     assert "data_files" not in (REPO_ROOT / "setup.cfg").read_text()
     shipped = set(arguments["package_data"]["tfcompress._custom_ops"])
     root = REPO_ROOT / "custom_ops"
-    key_files = {p.relative_to(root).as_posix() for p in _build._key_files(root, None)}
+    key_files = {p.relative_to(root).as_posix() for p in _sources.key_files(root, None)}
     assert key_files - shipped == set(), "setup.py does not ship these (name them in a description)"
     assert {f"{d}/description.bzl" for d in (*_description.domain_names(root), "common")} <= shipped
 
@@ -258,7 +267,7 @@ def test_every_domain_has_one_description_that_bazel_and_python_agree_on():
 def test_every_cxx_file_is_named_by_its_domains_description():
     root = REPO_ROOT / "custom_ops"
     named = {p for d in _description.describe_all(root).values() for p in d.files()}
-    unnamed = [p for p in _build._key_files(root, None) if p not in named]
+    unnamed = [p for p in _sources.key_files(root, None) if p not in named]
     assert unnamed == [], "add a pattern to the domain's description.bzl"
 
 
@@ -304,7 +313,7 @@ def test_a_domains_copts_reach_its_sources_alone(fake_compiler, monkeypatch, tmp
     description.write_text(
         description.read_text().replace('"copts": []', '"copts": ["-DTFCOMPRESS_TEST_FLAG=1"]')
     )
-    monkeypatch.setattr(_build, "source_root", lambda: sources)
+    monkeypatch.setattr(_sources, "source_root", lambda: sources)
     before = _build.library_path()
     _build.build()
     compiles = [c.split() for c in fake_compiler.read_text().splitlines() if " -c " in c]
@@ -325,7 +334,7 @@ def test_the_cache_key_is_the_sources_content_not_their_place(fake_compiler, mon
     in_checkout = _build.library_path()
     elsewhere = tmp_path / "prefix" / "tfcompress" / "_custom_ops"
     shutil.copytree(REPO_ROOT / "custom_ops", elsewhere)
-    monkeypatch.setattr(_build, "source_root", lambda: elsewhere)
+    monkeypatch.setattr(_sources, "source_root", lambda: elsewhere)
     assert _build.library_path() == in_checkout
     assert _build.sources_digest(elsewhere) == _build.sources_digest(REPO_ROOT / "custom_ops")
 
@@ -412,7 +421,7 @@ def test_the_build_says_where_it_compiles_and_how_long_it_took(fake_compiler, ca
     assert [r for r in caplog.records if r.name == "tfcompress.ops"] == []
 
     # The next estimate comes from the timed build.
-    assert "judging by the last build here" in _build._expected_duration(13)
+    assert "judging by the last build here" in _compile.expected_duration(13)
 
 
 def test_a_failed_build_says_so(fake_compiler, monkeypatch, caplog):
@@ -451,12 +460,12 @@ def test_without_zlib_only_the_deflate_domain_is_left_out(fake_compiler, monkeyp
     else:
         monkeypatch.setenv("TFCOMPRESS_OPS_WITHOUT", "zlib")
         expected_reason = "$TFCOMPRESS_OPS_WITHOUT lists it"
-    _build._header_found.cache_clear()
+    _toolchain._header_found.cache_clear()
     try:
         (left_out,) = _build.left_out()
         library = _build.build()
     finally:
-        _build._header_found.cache_clear()
+        _toolchain._header_found.cache_clear()
 
     assert left_out.library == "zlib" and left_out.domains == ("value_codecs",)
     assert expected_reason in left_out.reason
@@ -489,16 +498,16 @@ def test_with_zlib_every_domain_is_built_and_linked_with_it(fake_compiler):
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="no g++ to ask")
 def test_the_header_check_asks_the_real_compiler():
-    _build._header_found.cache_clear()
+    _toolchain._header_found.cache_clear()
     try:
-        assert _build._header_found(("g++",), "stddef.h")
-        assert not _build._header_found(("g++",), "tfcompress_no_such_header.h")
+        assert _toolchain._header_found(("g++",), "stddef.h")
+        assert not _toolchain._header_found(("g++",), "tfcompress_no_such_header.h")
         has_zlib = any(
             pathlib.Path(d, "zlib.h").is_file() for d in ("/usr/include", "/usr/local/include")
         )
-        assert _build._header_found(("g++",), "zlib.h") == has_zlib
+        assert _toolchain._header_found(("g++",), "zlib.h") == has_zlib
     finally:
-        _build._header_found.cache_clear()
+        _toolchain._header_found.cache_clear()
 
 
 def _without_zlib(monkeypatch):
@@ -614,7 +623,7 @@ def test_version_names_the_loaded_library_whatever_else_the_cache_holds(
 
 
 def test_version_of_an_unbuilt_or_failed_library(fake_compiler, monkeypatch):
-    tf_version = _build._configure().tf_version
+    tf_version = _configuration.configure().tf_version
     assert "not built yet" in ops_cli._library_state(tf_version)
     monkeypatch.setenv("FAKE_CXX_FAIL", "1")
     with pytest.raises(ops.BuildError):
@@ -798,8 +807,8 @@ def gpu_setup(fake_compiler, monkeypatch, tmp_path):
         real.unlink()  # the repository's own GPU files: only GPU_DOMAINS have one here
     for domain in GPU_DOMAINS:
         (sources / domain / "cc" / "kernels" / f"{domain}_gpu.cu.cc").write_text("// device\n")
-    monkeypatch.setattr(_build, "source_root", lambda: sources)
-    monkeypatch.setattr(_build, "_tf_cuda_version", lambda tf: "12.5.1")
+    monkeypatch.setattr(_sources, "source_root", lambda: sources)
+    monkeypatch.setattr(_toolchain, "_tf_cuda_version", lambda tf: "12.5.1")
 
     toolkit = tmp_path / "cuda"
     for folder in ("bin", "include", "lib64"):
@@ -816,13 +825,13 @@ def gpu_setup(fake_compiler, monkeypatch, tmp_path):
     monkeypatch.setenv("CUDA_HOME", str(toolkit))
     monkeypatch.setenv("PATH", str(tmp_path / "no-nvcc-here") + os.pathsep + "/usr/bin:/bin")
     monkeypatch.setattr(sys, "path", [p for p in sys.path if "nvidia" not in p])
-    monkeypatch.setattr(_build, "_find_nvcc", _REAL_FIND_NVCC)  # fake_compiler hid it
+    monkeypatch.setattr(_gpu_plan, "_find_nvcc", _REAL_FIND_NVCC)  # fake_compiler hid it
     return types.SimpleNamespace(
         sources=sources, toolkit=toolkit, nvcc_log=log, cxx_log=fake_compiler
     )
 
 
-_REAL_FIND_NVCC = _build._find_nvcc
+_REAL_FIND_NVCC = _gpu_plan._find_nvcc
 
 
 def test_with_a_cuda_tensorflow_and_nvcc_the_gpu_sources_are_compiled(gpu_setup, caplog):
@@ -866,13 +875,13 @@ def test_the_cache_key_covers_nvcc_and_the_gpu_build(gpu_setup, monkeypatch):
     with_gpu = _build.library_path()
     monkeypatch.setenv("FAKE_NVCC_RELEASE", "12.4")
     assert _build.library_path() != with_gpu
-    monkeypatch.setattr(_build, "GPU_ARCHS", ("sm_80",))
+    monkeypatch.setattr(_gpu_plan, "GPU_ARCHS", ("sm_80",))
     monkeypatch.setenv("FAKE_NVCC_RELEASE", "12.5")
     assert _build.library_path() != with_gpu
-    monkeypatch.setattr(_build, "GPU_ARCHS", ("sm_80", "sm_90"))
+    monkeypatch.setattr(_gpu_plan, "GPU_ARCHS", ("sm_80", "sm_90"))
     assert _build.library_path() == with_gpu
     # A CPU-only build's key does not depend on whether some nvcc exists.
-    monkeypatch.setattr(_build, "_tf_cuda_version", lambda tf: None)
+    monkeypatch.setattr(_toolchain, "_tf_cuda_version", lambda tf: None)
     cpu_only = _build.library_path()
     monkeypatch.delenv("CUDA_HOME")
     assert _build.library_path() == cpu_only != with_gpu
@@ -892,7 +901,7 @@ def test_the_cache_key_covers_nvcc_and_the_gpu_build(gpu_setup, monkeypatch):
 def test_no_gpu_kernels_and_the_one_line_that_says_why(gpu_setup, monkeypatch, situation, reason):
     nvcc = gpu_setup.toolkit / "bin" / "nvcc"
     if situation == "tensorflow without cuda":
-        monkeypatch.setattr(_build, "_tf_cuda_version", lambda tf: None)
+        monkeypatch.setattr(_toolchain, "_tf_cuda_version", lambda tf: None)
     elif situation == "no nvcc":
         monkeypatch.delenv("CUDA_HOME")
     elif situation == "nvcc 13":
@@ -941,16 +950,16 @@ def test_nvcc_is_found_in_cuda_home_then_the_wheel_then_path(monkeypatch, tmp_pa
     monkeypatch.setattr(sys, "path", [str(tmp_path / "site")])
     monkeypatch.setenv("PATH", str(on_path.parent))
     monkeypatch.setenv("CUDA_HOME", str(home.parent.parent))
-    assert _build._find_nvcc() == home
+    assert _gpu_plan._find_nvcc() == home
     monkeypatch.delenv("CUDA_HOME")
-    assert _build._find_nvcc() == wheel
+    assert _gpu_plan._find_nvcc() == wheel
     monkeypatch.setattr(sys, "path", [])
-    assert _build._find_nvcc() == on_path
+    assert _gpu_plan._find_nvcc() == on_path
     monkeypatch.setenv("PATH", str(tmp_path))
-    assert _build._find_nvcc() is None
+    assert _gpu_plan._find_nvcc() is None
 
 
 def test_the_installed_tensorflow_says_whether_it_is_a_cuda_build():
     info = tf.sysconfig.get_build_info()
     expected = str(info["cuda_version"]) if info.get("is_cuda_build") else None
-    assert _build._tf_cuda_version(tf) == expected
+    assert _toolchain._tf_cuda_version(tf) == expected

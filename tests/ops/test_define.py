@@ -190,7 +190,20 @@ def _private_module(name: str) -> bool:
     Also ``tfcompress._internal``: the one bottom module that holds
     TensorFlow's private API for every layer (the checks' program-order hook).
     """
-    return name in {"_build", "_define", "_description", "_loader", "_internal"}
+    return name in {
+        "_build",
+        "_build_errors",
+        "_cache",
+        "_compile",
+        "_configuration",
+        "_define",
+        "_description",
+        "_gpu_plan",
+        "_loader",
+        "_sources",
+        "_toolchain",
+        "_internal",
+    }
 
 
 @pytest.mark.parametrize(

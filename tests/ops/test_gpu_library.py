@@ -66,12 +66,12 @@ _CHILD = r"""
 import json, pathlib, re, sys
 import tensorflow as tf
 from tensorflow.python.framework import kernels
-from tfcompress.ops import _build
+from tfcompress.ops import _build, _gpu_plan, _toolchain
 
-nvcc = _build._find_nvcc()
-release = _build._nvcc_release(nvcc)
+nvcc = _gpu_plan._find_nvcc()
+release = _gpu_plan._nvcc_release(nvcc)
 # Report nvcc's CUDA version as TensorFlow's so that the build takes this nvcc.
-_build._tf_cuda_version = lambda tf: release[0]
+_toolchain._tf_cuda_version = lambda tf: release[0]
 plan = _build.gpu_build()
 library = _build.build(force=True)
 tf.load_op_library(str(library))
