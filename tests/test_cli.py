@@ -48,6 +48,7 @@ def test_a_wrong_flag_prints_the_subcommands_usage(capsys, path):
     # after them, the flag.
     required = {
         ("launch",): ["-n", "2"],
+        ("tf-config",): ["--workers", "host1:2222", "--index", "0"],
         ("advise",): ["--model", "resnet20", "--workers", "2", "--bandwidth", "1gbit"],
     }.get(path, [])
     usage, error = usage_error(capsys, [*path, *required, "--no-such-flag", "--", "true"])
@@ -116,7 +117,7 @@ def test_python_dash_m_tfcompress_help(tmp_path):
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith(
-        "usage: tfcompress [-h] [--version] {launch,bench,fuzz,ops,advise}"
+        "usage: tfcompress [-h] [--version] {launch,tf-config,bench,fuzz,ops,advise}"
     )
     for name, _, summary in cli._SUBCOMMANDS:
         assert any(line.split() == [name, *summary.split()] for line in result.stdout.splitlines())

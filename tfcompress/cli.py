@@ -30,6 +30,11 @@ __all__ = ["main"]
 # description in ``tfcompress NAME --help``.
 _SUBCOMMANDS: tuple[tuple[str, str, str], ...] = (
     ("launch", "tfcompress.launch.launcher", "run a command as N local TensorFlow workers"),
+    (
+        "tf-config",
+        "tfcompress.launch.tf_config_command",
+        "print one machine's TF_CONFIG for a cluster of several machines",
+    ),
     ("bench", "tfcompress.bench.command", "benchmarks: print tables, draw plots"),
     ("fuzz", "tfcompress.fuzz.command", "fuzz every payload decoder with mutated payloads"),
     ("ops", "tfcompress.ops.__main__", "build or inspect the C++ op library"),

@@ -6,6 +6,7 @@ missing tools are tested everywhere.
 """
 
 import doctest
+import io
 import json
 import os
 import signal
@@ -399,6 +400,55 @@ def test_namespaces_removed_when_the_run_fails(outcome, leaves_nothing_behind):
         [*worker, outcome], 2, timeout=2, bandwidth="1gbit", stream=None, grace_period=1
     )
     assert result.returncode == (3 if outcome == "failure" else 124)
+
+
+@requires_netns
+def test_a_restarted_group_reuses_the_shaped_network(tmp_path, leaves_nothing_behind):
+    """``--max-restarts``: the restarted workers run in the same namespaces, and connect."""
+    worker = python_worker(
+        CONNECT_TO_WORKER_1
+        + """
+import pathlib, sys
+attempt = len(list(pathlib.Path(sys.argv[1]).glob(f"attempt-{index}-*"))) + 1
+(pathlib.Path(sys.argv[1]) / f"attempt-{index}-{attempt}").touch()
+report = {"attempt": attempt, "netns": os.readlink("/proc/self/ns/net")}
+print(json.dumps(report), flush=True)
+if attempt == 1 and index == 0:
+    connect().close()  # worker 1 has started and printed its report
+    raise SystemExit(5)
+if index == 1:
+    connection = listen()
+    connection.sendall(connection.recv(100).upper())
+else:
+    with connect() as connection:
+        connection.sendall(b"after the restart")
+        print(json.dumps({"reply": connection.recv(100).decode()}))
+"""
+    )
+    messages = io.StringIO()
+    result = launch(
+        [*worker, str(tmp_path)],
+        2,
+        timeout=30,
+        bandwidth="100mbit",
+        stream=None,
+        messages=messages,
+        grace_period=1,
+        max_restarts=1,
+        restart_backoff=0,
+    )
+    assert result.returncode == 0, result.format_logs()
+    assert len(result.restarts) == 1 and result.restarts[0].worker_returncode == 5
+    for index in range(2):
+        reports = [
+            json.loads(line) for line in result.logs[index].splitlines() if line.startswith("{")
+        ]
+        first, second = reports[0], reports[1]
+        assert (first["attempt"], second["attempt"]) == (1, 2)
+        assert first["netns"] == second["netns"]
+    assert json.loads(result.logs[0].splitlines()[-1]) == {"reply": "AFTER THE RESTART"}
+    assert messages.getvalue().count("bandwidth-limited network:") == 1
+    assert "restart 1 of 1: relaunching all 2 workers" in messages.getvalue()
 
 
 @requires_netns

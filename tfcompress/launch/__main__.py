@@ -1,4 +1,4 @@
-"""``python -m tfcompress.launch -n N [--timeout S] [--bandwidth RATE [--latency MS]] -- CMD``.
+"""``python -m tfcompress.launch -n N [--timeout S] [--max-restarts K] [--bandwidth RATE] -- CMD``.
 
 The same as ``tfcompress launch``, for when the console script is not on ``PATH``.
 """

@@ -16,8 +16,11 @@ import argparse
 import math
 
 from tfcompress.launch import netns
+from tfcompress.launch.tf_config import parse_address
 
 __all__ = [
+    "address",
+    "address_list",
     "link_rate",
     "milliseconds",
     "non_negative_float",
@@ -94,6 +97,48 @@ def link_rate(text: str) -> str:
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error).removeprefix("--bandwidth ")) from None
     return text
+
+
+def address(text: str) -> str:
+    """``argparse`` type: one ``host:port`` of a cluster (see :func:`parse_address`).
+
+    Returns:
+        ``host:port`` as ``TF_CONFIG`` will hold it.
+
+    >>> address("host1:2222")
+    'host1:2222'
+    """
+    try:
+        host, port_number = parse_address(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return f"{host}:{port_number}"
+
+
+def address_list(text: str) -> list[str]:
+    """``argparse`` type: comma-separated ``host:port`` entries, none empty, none twice.
+
+    >>> address_list("host1:2222,host2:2222")
+    ['host1:2222', 'host2:2222']
+    """
+    entries = text.split(",")
+    addresses = []
+    for number, entry in enumerate(entries, start=1):
+        if not entry.strip():
+            raise argparse.ArgumentTypeError(
+                f"entry {number} of {len(entries)} is empty (write host1:port,host2:port)"
+            )
+        try:
+            addresses.append(address(entry))
+        except argparse.ArgumentTypeError as error:
+            raise argparse.ArgumentTypeError(f"entry {number}: {error}") from None
+        if addresses[-1] in addresses[:-1]:
+            first = addresses.index(addresses[-1]) + 1
+            raise argparse.ArgumentTypeError(
+                f"{addresses[-1]} is given twice (entries {first} and {number}): "
+                "each task needs an address of its own"
+            )
+    return addresses
 
 
 def _int(text: str) -> int:

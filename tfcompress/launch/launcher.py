@@ -18,6 +18,13 @@ they would on machines of their own (docs/howto/run-on-machines.md, "When a work
 If the launcher itself is killed, even by SIGKILL, a watchdog process
 (:mod:`tfcompress.launch.watchdog`) stops the workers and deletes the namespaces.
 
+With ``--max-restarts K``, a failed worker does not end the run: every worker is
+stopped and the whole group started again, after a backoff, up to K times
+(:mod:`tfcompress.launch.restarts`); a script that backs up with
+``tfcompress.keras.BackupAndRestore`` resumes from its last backup::
+
+    tfcompress launch -n 2 --max-restarts 3 -- python train.py --backup-dir /tmp/backup
+
 With ``--bandwidth`` (root only), the workers talk over links of that speed instead of
 unlimited loopback: each runs in a network namespace of its own behind a shaped
 software switch, with ``--latency`` milliseconds of one-way delay if asked (see
@@ -27,6 +34,7 @@ software switch, with ``--latency`` milliseconds of one-way delay if asked (see
 
 The run's result is a :class:`~tfcompress.launch.result.LaunchResult`; the
 workers' ports and ``TF_CONFIG`` come from :mod:`tfcompress.launch.tf_config`,
+one attempt (start, watch, stop every worker) is :mod:`tfcompress.launch.group`,
 and their processes are read, stopped and watched by
 :mod:`tfcompress.launch.processes`. This module is the run itself
 (:func:`launch`) and its command line, ``tfcompress launch`` (tfcompress/cli.py)
@@ -39,29 +47,29 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import os
-import subprocess
 import sys
-import threading
 import time
 from collections.abc import Mapping, Sequence
 from typing import TextIO
 
 from tfcompress.launch import arguments, netns
+from tfcompress.launch.group import GroupOutcome, GroupSettings, run_group
 from tfcompress.launch.processes import (
-    POLL_INTERVAL,
-    READER_JOIN_TIMEOUT,
     Echo,
     Watchdog,
-    all_stopped,
     check_program_exists,
-    read_output,
     signals_ignored,
     sigterm_raises_system_exit,
-    stop_process_groups,
+)
+from tfcompress.launch.restarts import (
+    DEFAULT_RESTART_BACKOFF,
+    MAX_RESTART_BACKOFF,
+    run_with_restarts,
 )
 from tfcompress.launch.result import TIMEOUT_EXIT_CODE, LaunchResult, shell_exit_status
-from tfcompress.launch.tf_config import LOCALHOST, free_ports, make_tf_config, worker_env
+from tfcompress.launch.tf_config import LOCALHOST, free_ports, make_tf_config
 
 __all__ = [
     "DEFAULT_EXIT_GRACE",
@@ -125,6 +133,8 @@ def launch(
     exit_grace: float | None = DEFAULT_EXIT_GRACE,
     failure_grace: float = 0.0,
     messages: TextIO | _CurrentStderr | None = _CURRENT_STDERR,
+    max_restarts: int = 0,
+    restart_backoff: float = DEFAULT_RESTART_BACKOFF,
 ) -> LaunchResult:
     """Runs ``command`` as ``num_workers`` local workers and waits for all of them.
 
@@ -135,7 +145,8 @@ def launch(
     signalling its whole process group, so its children go too.
 
     The run ends when every worker has exited 0, when one exits non-zero (the others
-    are stopped, at once or after ``failure_grace``), when ``timeout`` elapses (all are
+    are stopped, at once or after ``failure_grace``; with ``max_restarts``, the whole
+    group is then started again, up to ``max_restarts`` times), when ``timeout`` elapses (all are
     stopped), when workers still run ``exit_grace`` seconds after one exited 0 (they
     are stopped), or on KeyboardInterrupt
     or SIGTERM to this process (all are stopped, then the interrupt propagates: SIGTERM
@@ -158,7 +169,8 @@ def launch(
         cwd: Working directory of the workers.
         stream: Where to echo the workers' output, each line prefixed with
             ``[worker i] ``; ``None`` to echo nothing. Defaults to ``sys.stdout``.
-        ports: One port per worker; by default, :func:`free_ports`.
+        ports: One port per worker; by default, :func:`free_ports` (chosen again for
+            each attempt of a restarted run).
         grace_period: Seconds between SIGTERM and SIGKILL when stopping workers.
         bandwidth: Each worker's link speed in tc's syntax, e.g. ``"100mbit"``,
             ``"1gbit"``; ``None`` for unlimited loopback.
@@ -173,15 +185,25 @@ def launch(
             stopped (SIGSTOP) are not waited for, and ``timeout`` still applies.
         messages: Where the launcher writes its own notices: with ``bandwidth``, one
             line saying what was set up (workers, namespaces, veth links, rate, delay),
-            before the workers start. Defaults to ``sys.stderr``; ``None`` for none.
+            before the workers start; two lines per restart (the failure, then the
+            relaunch with its time from the failure). Defaults to ``sys.stderr``;
+            ``None`` for none.
+        max_restarts: How many times the whole group may be restarted after a worker
+            failed (default 0: the failure ends the run). Each restart stops every
+            worker, waits, and starts them all again with the same command (fresh
+            ports unless ``ports`` or ``bandwidth`` fix them; the same namespaces).
+            ``timeout`` bounds all attempts together.
+        restart_backoff: Seconds to wait before the first restart, doubled at each
+            later one, at most 60 s (or ``restart_backoff`` if longer).
 
     Returns:
         The run's :class:`LaunchResult`.
 
     Raises:
         ValueError: If ``command`` is empty, ``num_workers < 1``, ``timeout`` is not
-            positive, ``ports`` has the wrong length, ``bandwidth`` is not a rate, or
-            ``latency_ms`` is negative or given without ``bandwidth``.
+            positive, ``ports`` has the wrong length, ``bandwidth`` is not a rate,
+            ``latency_ms`` is negative or given without ``bandwidth``, or
+            ``max_restarts`` or ``restart_backoff`` is negative.
         NetnsError: With ``bandwidth``, if this is not root, ``ip`` or ``tc`` is
             missing, or the namespaces cannot be set up (with the command's error).
         OSError: If a worker cannot be started (the ones already started are stopped).
@@ -197,20 +219,21 @@ def launch(
         raise ValueError(f"exit_grace must be >= 0, got {exit_grace}")
     if not failure_grace >= 0:
         raise ValueError(f"failure_grace must be >= 0, got {failure_grace}")
+    if max_restarts < 0:
+        raise ValueError(f"max_restarts must be >= 0, got {max_restarts}")
+    if not (math.isfinite(restart_backoff) and restart_backoff >= 0):
+        raise ValueError(f"restart_backoff must be a number >= 0, got {restart_backoff}")
     network = None
     if bandwidth is not None:
         network = netns.BandwidthLimitedCluster(num_workers, bandwidth, latency_ms)
     elif latency_ms is not None:
         raise ValueError("--latency needs --bandwidth (latency_ms needs bandwidth)")
-    if ports is None:
-        ports = (
-            free_ports(num_workers)
-            if network is None
-            else [NETNS_PORT_BASE + index for index in range(num_workers)]
-        )
-    ports = list(ports)
-    if len(ports) != num_workers:
-        raise ValueError(f"need {num_workers} ports, got {len(ports)}")
+    if ports is None and network is not None:
+        ports = [NETNS_PORT_BASE + index for index in range(num_workers)]
+    if ports is not None:
+        ports = list(ports)
+        if len(ports) != num_workers:
+            raise ValueError(f"need {num_workers} ports, got {len(ports)}")
     ip_program = "ip"
     if network is not None:
         ip_program, _ = netns.check_prerequisites()
@@ -223,18 +246,23 @@ def launch(
 
     echo = Echo(stream)
     log_lines: list[list[str]] = [[] for _ in range(num_workers)]
-    processes: list[subprocess.Popen] = []
-    readers: list[threading.Thread] = []
-    returncodes: list[int | None] = [None] * num_workers
-    exit_times: list[float | None] = [None] * num_workers
-    deadline = None if timeout is None else time.monotonic() + timeout
-    timed_out = False
-    failed_worker = None
-    failure_time = 0.0
-    first_exited: int | None = None
-    first_exit_time = 0.0
-    grace_expired = False
     hosts = [LOCALHOST] * num_workers
+    settings = GroupSettings(
+        command=command,
+        env=env,
+        cwd=cwd,
+        network=network,
+        grace_period=grace_period,
+        exit_grace=exit_grace,
+        failure_grace=failure_grace,
+        deadline=None if timeout is None else time.monotonic() + timeout,
+    )
+
+    def run_attempt() -> GroupOutcome:
+        # Fresh ports for each attempt unless chosen: a port of the last one could
+        # have been taken meanwhile.
+        attempt_ports = free_ports(num_workers) if ports is None else ports
+        return run_group(settings, attempt_ports, hosts, echo, log_lines, watchdog)
 
     with sigterm_raises_system_exit():
         watchdog = Watchdog(grace_period)
@@ -245,87 +273,41 @@ def launch(
                 network.open()
                 hosts = network.addresses
                 _notify(messages, f"bandwidth-limited network: {network.describe()}")
-            for index in range(num_workers):
-                process = subprocess.Popen(
-                    command if network is None else network.command(index, command),
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.STDOUT,
-                    env=worker_env(env, ports, hosts, index),
-                    cwd=cwd,
-                    start_new_session=True,
-                )
-                processes.append(process)
-                watchdog.group(process.pid)
-                reader = threading.Thread(
-                    target=read_output,
-                    args=(process.stdout, index, log_lines[index], echo),
-                    name=f"tfcompress-launch-worker-{index}",
-                    daemon=True,
-                )
-                reader.start()
-                readers.append(reader)
-
-            while True:
-                for index, process in enumerate(processes):
-                    code = process.poll()
-                    if code is not None and returncodes[index] is None:
-                        returncodes[index], exit_times[index] = code, time.time()
-                        if code != 0 and failed_worker is None:
-                            failed_worker, failure_time = index, time.monotonic()
-                        elif code == 0 and first_exited is None:
-                            first_exited, first_exit_time = index, time.monotonic()
-                if all(code is not None for code in returncodes):
-                    break
-                now = time.monotonic()
-                if failed_worker is not None:
-                    if (
-                        now - failure_time >= failure_grace
-                        or (deadline is not None and now >= deadline)
-                        or all_stopped(processes, returncodes)
-                    ):
-                        break
-                    time.sleep(POLL_INTERVAL)
-                    continue
-                if deadline is not None and now >= deadline:
-                    timed_out = True
-                    break
-                if (
-                    first_exited is not None
-                    and exit_grace is not None
-                    and now - first_exit_time >= exit_grace
-                ):
-                    grace_expired = True
-                    break
-                time.sleep(POLL_INTERVAL)
+            outcome, restarts = run_with_restarts(
+                run_attempt,
+                max_restarts=max_restarts,
+                backoff=restart_backoff,
+                deadline=settings.deadline,
+                log_lines=log_lines,
+                notify=lambda line: _notify(messages, line),
+            )
         finally:
             with signals_ignored():
-                stop_process_groups(processes, grace_period)
-                for reader in readers:
-                    reader.join(READER_JOIN_TIMEOUT)
                 if network is not None:
                     network.close()
                 watchdog.done()
 
-    if timed_out or grace_expired:
+    if outcome.timed_out or outcome.grace_expired:
         returncode = TIMEOUT_EXIT_CODE
-    elif failed_worker is not None:
-        returncode = shell_exit_status(returncodes[failed_worker])
+    elif outcome.failed_worker is not None:
+        returncode = shell_exit_status(outcome.returncodes[outcome.failed_worker])
     else:
         returncode = 0
     return LaunchResult(
         returncode=returncode,
-        worker_returncodes=returncodes,
+        worker_returncodes=outcome.returncodes,
         logs=["".join(lines) for lines in log_lines],
-        timed_out=timed_out,
-        failed_worker=failed_worker,
+        timed_out=outcome.timed_out,
+        failed_worker=outcome.failed_worker,
         timeout=timeout,
-        worker_pids=[process.pid for process in processes],
-        worker_addresses=[f"{host}:{port}" for host, port in zip(hosts, ports, strict=True)],
-        exit_grace_expired=grace_expired,
-        first_exited=first_exited if grace_expired else None,
+        worker_pids=outcome.pids,
+        worker_addresses=outcome.addresses,
+        exit_grace_expired=outcome.grace_expired,
+        first_exited=outcome.first_exited if outcome.grace_expired else None,
         exit_grace=exit_grace,
-        worker_exit_times=exit_times,
+        worker_exit_times=outcome.exit_times,
+        restarts=restarts,
+        max_restarts=max_restarts,
     )
 
 
@@ -399,6 +381,27 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         help=(
             "when a worker fails, let the others run S more seconds to notice the lost "
             "peer and fail by themselves, before stopping them (default: 0)"
+        ),
+    )
+    parser.add_argument(
+        "--max-restarts",
+        type=arguments.non_negative_int,
+        default=0,
+        metavar="K",
+        help=(
+            "when a worker fails, stop every worker and restart the whole group, up to K "
+            "times (default: 0, the failure ends the run); with BackupAndRestore, "
+            "training resumes from the last backup"
+        ),
+    )
+    parser.add_argument(
+        "--restart-backoff",
+        type=arguments.non_negative_float,
+        default=DEFAULT_RESTART_BACKOFF,
+        metavar="S",
+        help=(
+            f"seconds before the first restart, doubled at each later one up to "
+            f"{MAX_RESTART_BACKOFF:g} (default: {DEFAULT_RESTART_BACKOFF:g})"
         ),
     )
     network = parser.add_argument_group(
@@ -475,6 +478,8 @@ def run_from_args(args: argparse.Namespace) -> int:
             latency_ms=latency_ms,
             exit_grace=getattr(args, "exit_grace", DEFAULT_EXIT_GRACE),
             failure_grace=getattr(args, "failure_grace", 0.0),
+            max_restarts=getattr(args, "max_restarts", 0),
+            restart_backoff=getattr(args, "restart_backoff", DEFAULT_RESTART_BACKOFF),
         )
     except (ValueError, netns.NetnsError) as error:
         _report(str(error))

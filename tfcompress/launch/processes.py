@@ -92,6 +92,10 @@ class Watchdog:
         """Registers a worker's process group."""
         self._send(f"group {pgid}")
 
+    def release(self, pgid: int) -> None:
+        """Forgets a process group that is gone, so that a reuse of its id is left alone."""
+        self._send(f"release {pgid}")
+
     def namespace(self, ip: str, name: str) -> None:
         """Registers a network namespace, deleted with ``ip netns delete``."""
         self._send(f"netns {ip} {name}")

@@ -5,10 +5,43 @@ from __future__ import annotations
 import dataclasses
 import signal
 
-__all__ = ["TIMEOUT_EXIT_CODE", "LaunchResult", "describe_exit", "shell_exit_status"]
+__all__ = [
+    "TIMEOUT_EXIT_CODE",
+    "LaunchResult",
+    "Restart",
+    "describe_exit",
+    "shell_exit_status",
+]
 
 #: Exit code of a timed-out run, as GNU ``timeout`` uses it.
 TIMEOUT_EXIT_CODE = 124
+
+
+@dataclasses.dataclass(frozen=True)
+class Restart:
+    """One restart of the whole group of workers after one of them failed.
+
+    Attributes:
+        number: 1 for the first restart, 2 for the second, ...
+        failed_worker: Index of the worker whose failure caused it.
+        worker_returncode: That worker's exit code as ``subprocess`` reports it
+            (negative for a signal).
+        cause: The failure in words, e.g. ``"worker 1 was killed by SIGKILL"``, with
+            the lost worker it named when its log names one.
+        worker_pids: Process id of each worker of the attempt that failed.
+        backoff: Seconds the launcher waited, after stopping every worker, before
+            starting them again.
+        downtime: Seconds from the failure (when the launcher saw it) to the
+            relaunch of every worker.
+    """
+
+    number: int
+    failed_worker: int
+    worker_returncode: int | None
+    cause: str
+    worker_pids: list[int]
+    backoff: float
+    downtime: float
 
 
 @dataclasses.dataclass
@@ -22,7 +55,9 @@ class LaunchResult:
         worker_returncodes: Each worker's own exit code as ``subprocess`` reports it
             (negative for a signal), or ``None`` for a worker the launcher had to stop
             because another failed, the run timed out, or the launcher was interrupted.
-        logs: Each worker's full output, stdout and stderr interleaved.
+        logs: Each worker's full output, stdout and stderr interleaved; after a restart,
+            every attempt's output, each restart marked by a line
+            ``----- tfcompress launch: restart i of K: <cause> -----``.
         timed_out: Whether the run was stopped by its timeout.
         failed_worker: Index of the worker whose failure ended the run, if any.
         timeout: The timeout the run had, in seconds.
@@ -34,6 +69,9 @@ class LaunchResult:
         exit_grace: The run's ``exit_grace``, in seconds.
         worker_exit_times: When the launcher saw each worker exit, as ``time.time()``,
             or ``None`` for a worker it stopped.
+        restarts: The restarts of the whole group, in order (``len(restarts)`` is the
+            restart count); the other attributes describe the last attempt.
+        max_restarts: How many restarts the run was allowed (``--max-restarts``).
     """
 
     returncode: int
@@ -48,6 +86,8 @@ class LaunchResult:
     first_exited: int | None = None
     exit_grace: float | None = None
     worker_exit_times: list[float | None] = dataclasses.field(default_factory=list)
+    restarts: list[Restart] = dataclasses.field(default_factory=list)
+    max_restarts: int = 0
 
     @property
     def stopped_workers(self) -> list[int]:
@@ -72,9 +112,24 @@ class LaunchResult:
             code = self.worker_returncodes[self.failed_worker]
             return (
                 f"worker {self.failed_worker} {describe_exit(code)}; "
-                f"stopped workers: {self.stopped_workers}"
+                f"stopped workers: {self.stopped_workers}{self._restart_note()}"
             )
         return None
+
+    def _restart_note(self) -> str:
+        """Why a failure with restarts allowed ended the run anyway."""
+        if self.max_restarts == 0:
+            return ""
+        if len(self.restarts) >= self.max_restarts:
+            return (
+                f"; gave up after {len(self.restarts)} of {self.max_restarts} restarts "
+                "(--max-restarts)"
+            )
+        limit = "" if self.timeout is None else f" of {self.timeout:g} s"
+        return (
+            f"; not restarted ({len(self.restarts)} of {self.max_restarts} restarts used): "
+            f"the --timeout{limit} would end first"
+        )
 
     def format_logs(self) -> str:
         """Renders every worker's log under a header, for attaching to a test failure.
@@ -83,6 +138,8 @@ class LaunchResult:
             The run's outcome on the first line, then one section per worker.
         """
         outcome = self.error or "all workers exited 0"
+        if self.restarts and self.error is None:
+            outcome += f" after {len(self.restarts)} restart(s)"
         sections = [f"tfcompress launch: {outcome}"]
         for index, (code, log) in enumerate(zip(self.worker_returncodes, self.logs, strict=True)):
             status = "stopped by the launcher" if code is None else describe_exit(code)

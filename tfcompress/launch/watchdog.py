@@ -5,6 +5,8 @@ watchdog.py GRACE``) with a pipe on its stdin, and tells it, one line each,
 what to clean up::
 
     group PGID          a worker's process group
+    release PGID        that group is gone (a restart): forget it, since its
+                        id may be reused by an unrelated group
     netns IP NAME       a network namespace (IP: the ``ip`` program)
     done                the launcher cleaned up itself: exit, touch nothing
 
@@ -43,6 +45,8 @@ def main(argv: list[str]) -> int:
             return 0
         if fields[0] == "group" and len(fields) == 2:
             groups.append(int(fields[1]))
+        elif fields[0] == "release" and len(fields) == 2:
+            groups = [pgid for pgid in groups if pgid != int(fields[1])]
         elif fields[0] == "netns" and len(fields) == 3:
             namespaces.append((fields[1], fields[2]))
     _stop(groups, grace)
