@@ -122,6 +122,7 @@ def test_padding_round_trips_every_element():
         ({"error_feedback": 1}, "error_feedback"),
         ({"slice_length": 768, "slice_size": 768}, "slice_size"),
         ({"refit_steps": 2}, "refit_steps"),
+        ({"refresh_on": "workers"}, "refresh_on"),
     ],
 )
 def test_rejects_bad_options(options, match):
@@ -258,12 +259,14 @@ def test_payload_bytes_shrink_with_d():
     assert d == 3  # rank 3 + noise, far below K = 192
     x = tf.zeros([3, 3, 8, 8])
     payload = layer.branch(1).compress(x)
-    assert int(payload_nbytes(payload)) == 4 * d * 3 + 12  # + fingerprint pair and error
+    # d x S coefficients, the [min(S, 32), min(K, 32)] residual sketch, fingerprint pair and error
+    assert int(payload_nbytes(payload)) == 4 * (d * 3 + 3 * 32) + 12
     assert sorted(payload.tensors) == [
         "check",
         "coefficients_0",
         "coefficients_1",
         "coefficients_2",
+        "residual_sketch",
     ]
 
 
@@ -611,6 +614,8 @@ def _reshaped(payload, name, rows=0, columns=0):
         ("coefficients_0", -1, 0),
         ("coefficients_1", 0, -1),
         ("coefficients_1", 2, 2),
+        ("residual_sketch", 1, 0),
+        ("residual_sketch", 0, -1),
     ],
 )
 def test_decompress_rejects_coefficients_of_the_wrong_shape(valid, name, rows, columns):
@@ -733,6 +738,7 @@ def test_metrics():
         "gradiveq_kept_energy",
         "gradiveq_heldout_error",
         "gradiveq_error",
+        "gradiveq_sum_error",
         "gradiveq_refreshes",
         "gradiveq_mismatches",
         "gradiveq_explained",
@@ -745,7 +751,9 @@ def test_metrics():
     assert float(metrics["gradiveq_heldout_error"]) < 0.05
     # A fresh step of the same directions (the generator's first 12 steps were the samples).
     workers.step(low_rank_gradients(np.random.default_rng(2), 13, 2, (3, 3, 8, 8))[12])
-    assert 0 < float(workers.layers[0].metrics()["gradiveq_error"]) < 0.05
+    fresh = workers.layers[0].metrics()
+    assert 0 < float(fresh["gradiveq_error"]) < 0.05
+    assert 0 < float(fresh["gradiveq_sum_error"]) < 0.05
 
 
 def test_graph_step_matches_eager():
@@ -878,7 +886,8 @@ class TestGradiVeQConformance(CompressorConformance):
             return self.expected_payload_nbytes(shape, dtype) + 8  # + the fingerprint pair
         k, s, _, _ = slice_geometry(shape)
         itemsize = 8 if dtype == tf.float64 else 4
-        return k * s * itemsize + 12  # the raw slices [K, S], fingerprints and error
+        # the raw slices [K, S], the (zero) residual sketch, fingerprints and error
+        return (k * s + min(s, 32) * min(k, 32)) * itemsize + 12
 
     def expected_variant_payload_nbytes(self, shape, dtype, variant):
         if not variant.bound:  # outside the phases: the exact values alone

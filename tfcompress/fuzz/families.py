@@ -523,6 +523,7 @@ def _gradiveq() -> Family:
             "coefficients_0": tf.TensorSpec([None, None], tf.float32),
             "coefficients_1": tf.TensorSpec([None, None], tf.float32),
             "check": tf.TensorSpec([None], tf.float32),
+            "residual_sketch": tf.TensorSpec([None, None], tf.float32),
         },
         contract=_shape_contract(_GRADIVEQ_SHAPE),
         has_kernel=False,

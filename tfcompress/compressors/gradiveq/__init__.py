@@ -115,17 +115,35 @@ which sends ``g_n + e_n`` and empties it.
 Payload of the compressed branch: ``"coefficients_<p>"`` for each pack ``p`` of
 consecutive slices (``packs`` option): the compute dtype (float32, float64 for
 float64 gradients) ``[d, S_p]`` with ``d`` known only at run time, identical
-on every worker, so the bytes really shrink with ``d``; plus ``"check"``
-float32 ``[3]``: the fingerprint pair (the sum must equal ``N`` times the
-local pair, else ``InvalidArgumentError`` naming the tensor) and the local
-relative error ``||g_n - U_d g'_n|| / ||g_n||`` (from ``||g_n||^2 -
-||g'_n||^2``, U being orthonormal), whose mean over the workers is
-the fresh-gradient error ``gradiveq_error`` and triggers an early refresh
-(paper eq. 7) above ``refresh_threshold``. So ``payload_nbytes = c (d * S) +
-12`` with ``c`` the compute dtype size. An exact layer (degenerate samples:
-all zero, not finite, or a single slice; or workers that did not agree) has
-``d = 0`` and its packs carry the raw slices ``[K, S_p]``. Branch 0's
-payloads carry the fingerprint pair as well (8 bytes).
+on every worker, so the bytes really shrink with ``d``; ``"residual_sketch"``
+``[a, b]`` (compute dtype, ``a = min(S, 32)``, ``b = min(K, 32)``); plus
+``"check"`` float32 ``[3]``: the fingerprint pair (the sum must equal ``N``
+times the local pair, else ``InvalidArgumentError`` naming the tensor) and
+the local relative error ``||g_n - U_d g'_n|| / ||g_n||`` (from
+``||g_n||^2 - ||g'_n||^2``, U being orthonormal), whose mean over the
+workers is ``gradiveq_error`` (paper eq. 7). So ``payload_nbytes = c (d S +
+a b) + 12`` with ``c`` the compute dtype size. An exact layer (degenerate
+samples: all zero, not finite, or a single slice; or workers that did not
+agree) has ``d = 0``, its packs carry the raw slices ``[K, S_p]`` and its
+sketch is zero. Branch 0's payloads carry the fingerprint pair as well (8
+bytes).
+
+The error of the sum, on every compressed step: worker ``n``'s residual
+sketch is ``F_b(beta o F_a(alpha o R_n))`` with ``R_n = X_n - C_n^T U_d`` the
+part of its slices the projection drops, ``alpha`` and ``beta`` random signs
+(the same on every worker, new at every step) and ``F_a``/``F_b`` sums of the
+rows and columns into ``a`` and ``b`` groups (a count sketch; computed as
+``F_a(alpha o X_n) - F_a(alpha o C_n^T) U_d``, without forming ``R_n``). It is
+linear, so the all-reduce returns the sketch of the sum's residual ``g -
+U_d U_d^T g``, whose squared norm estimates ``||g - U_d U_d^T g||^2`` without
+bias; with ``||U_d^T g||^2`` from the summed coefficients every worker
+estimates the sum's relative error ``gradiveq_sum_error``. By default
+(``refresh_on="sum"``) an early refresh starts when it passes
+``refresh_threshold``. The paper's eq. 7 (``refresh_on="local"``) bounds the
+mean local error instead, which counts each worker's minibatch noise: on
+the real gradients of a small MLP with 4 workers it ended every compressed
+phase after one step (12 compressed steps out of 100) while the sums it
+sent had cosine 0.90-0.97 with the exact ones.
 
 Outside the phased protocol (calling ``compress``/``decompress`` on the
 compressor or on a bound one directly) GradiVeQ is exact.

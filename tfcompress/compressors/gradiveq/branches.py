@@ -19,7 +19,10 @@ from tfcompress.compressors.base import Compressor, Payload
 from tfcompress.compressors.gradiveq import handshake
 from tfcompress.ops.checks import invalid_argument, require
 
-__all__ = ["CompressedBranch", "ExactBranch", "SamplingBranch", "checked_tensors"]
+__all__ = ["SKETCH", "CompressedBranch", "ExactBranch", "SamplingBranch", "checked_tensors"]
+
+SKETCH = "residual_sketch"
+"""The compressed payload's sketch of the dropped residual (``GradiVeQLayer.residual_sketch``)."""
 
 
 class _Branch(Compressor):
@@ -113,9 +116,11 @@ class CompressedBranch(_Branch):
         tensors = {}
         captured = tf.constant(0.0, cdt)
         residuals = []
+        all_coefficients = []
         for p, (a, b) in enumerate(layer.pack_bounds):
             part = slices[a:b]
             coefficients = tf.matmul(basis, part, transpose_b=True)
+            all_coefficients.append(coefficients)
             # [K, S_p] for an exact layer, else [0, S_p] (no transposed copy of the slices)
             raw = tf.transpose(part[:, : k * exact])
             tensors[f"coefficients_{p}"] = tf.concat([coefficients, raw], axis=0)
@@ -123,6 +128,13 @@ class CompressedBranch(_Branch):
             if layer.residual is not None:
                 kept = tf.matmul(coefficients, basis, transpose_a=True)
                 residuals.append((part - kept) * tf.cast(1 - exact, part.dtype))
+        coefficients = (
+            tf.concat(all_coefficients, axis=1)
+            if len(all_coefficients) > 1
+            else all_coefficients[0]
+        )
+        sketch = layer.residual_sketch(slices, coefficients, basis)
+        tensors[SKETCH] = sketch * tf.cast(1 - exact, cdt)  # an exact layer drops nothing
         flat = tf.reshape(slices, [1, -1])
         norm = tf.squeeze(tf.matmul(flat, flat, transpose_b=True))
         # ||g - U^T c||^2 = ||g||^2 - ||c||^2 for orthonormal rows of U.
@@ -139,7 +151,7 @@ class CompressedBranch(_Branch):
         layer = self.layer
         replicas = layer.context.num_replicas
         d = layer.components.read_value()
-        check, packs = checked_tensors(layer, payload, d)
+        check, packs, sketch = checked_tensors(layer, payload, d)
         differs = (
             f"GradiVeQ: the basis (U, d) of tensor {layer.context.key} differs "
             "across workers (sum of fingerprints != N x local fingerprint) although "
@@ -159,16 +171,23 @@ class CompressedBranch(_Branch):
 
         slices = tf.cond(layer.valid.read_value() > 0, projected, raw)
         mean_error = check[2] / replicas
-        with tf.control_dependencies([*same, *layer.record_error(mean_error)]):
+        # ||g||^2 = ||U_d^T g||^2 + ||residual||^2; the sketch estimates the second.
+        dropped = tf.reduce_sum(tf.square(sketch))
+        kept = tf.reduce_sum(tf.square(summed[:d]))
+        sum_error = tf.sqrt(tf.math.divide_no_nan(dropped, dropped + kept))
+        sum_error = tf.cast(sum_error, tf.float32)
+        recorded = layer.record_error(mean_error, sum_error)
+        with tf.control_dependencies([*same, *recorded]):
             return tf.identity(layer.unslice(slices, payload))
 
 
 def checked_tensors(
     layer: Compressor, payload: Payload, d: tf.Tensor
-) -> tuple[tf.Tensor, list[tf.Tensor]]:
-    """``check`` and the coefficient packs of a compressed-branch payload, shapes checked.
+) -> tuple[tf.Tensor, list[tf.Tensor], tf.Tensor]:
+    """``check``, the coefficient packs and the residual sketch of a compressed payload, checked.
 
-    Pack ``p`` must be ``[d + K (1 - valid), S_p]`` and ``check`` ``[3]``: a
+    Pack ``p`` must be ``[d + K (1 - valid), S_p]``, ``check`` ``[3]`` and
+    the sketch ``[a, b]`` (``GradiVeQLayer.sketch_shape``): a
     pack with a row too many or a column too few would otherwise decode to a
     wrong gradient without an error (docs/PAYLOADS.md: every decoder checks
     every length).
@@ -181,7 +200,8 @@ def checked_tensors(
     key = layer.context.key
     k = layer.geometry[0]
     rows = d + tf.constant(k, d.dtype) * (1 - layer.valid.read_value())
-    expected = [("check", None, 3)] + [
+    sketch_rows, sketch_columns = layer.sketch_shape
+    expected = [("check", None, 3), (SKETCH, sketch_rows, sketch_columns)] + [
         (f"coefficients_{p}", rows, b - a) for p, (a, b) in enumerate(layer.pack_bounds)
     ]
     checked = {}
@@ -205,7 +225,8 @@ def checked_tensors(
                 f"GradiVeQ: corrupted payload: `{name}` of tensor {key} has shape "
                 f"{tensor.shape}, expected {columns} columns"
             )
-        if expected_rows is not None and static is not None and static[0] is not None:
+        packed = name.startswith("coefficients_")
+        if packed and static is not None and static[0] is not None:
             first = static_rows.setdefault("rows", (name, static[0]))
             if first[1] != static[0]:
                 raise invalid_argument(
@@ -218,7 +239,11 @@ def checked_tensors(
             text = f"[{columns}]"
         else:
             want = tf.stack([tf.cast(expected_rows, tf.int64), tf.constant(columns, tf.int64)])
-            text = f"[d + K (1 - valid), {columns}] (K = {k})"
+            text = (
+                f"[d + K (1 - valid), {columns}] (K = {k})"
+                if packed
+                else f"[{expected_rows}, {columns}]"
+            )
         checks = require(
             tf.equal(tf.size(shape), rank) & tf.reduce_all(tf.equal(shape, want)),
             lambda name=name, shape=shape, want=want, text=text: [
@@ -230,4 +255,5 @@ def checked_tensors(
         )
         with tf.control_dependencies(checks):
             checked[name] = tf.identity(tensor)
-    return checked["check"], [checked[f"coefficients_{p}"] for p in range(len(layer.pack_bounds))]
+    packs = [checked[f"coefficients_{p}"] for p in range(len(layer.pack_bounds))]
+    return checked["check"], packs, checked[SKETCH]

@@ -12,6 +12,7 @@ package docstring (:mod:`tfcompress.compressors.gradiveq`).
 from __future__ import annotations
 
 import sys
+import zlib
 
 import numpy as np
 import tensorflow as tf
@@ -38,6 +39,11 @@ _BLOCK_MEMORY = 0.5
 # Check steps per block (at most; fewer in blocks of fewer than 5 sampling
 # steps): the self-check takes the least share any of them leaves explained.
 _CHECK_STEPS = 3
+
+# The residual sketch of a compressed step (:meth:`GradiVeQLayer.residual_sketch`):
+# at most this many signed groups of slices times signed groups of columns.
+SKETCH_ROWS = 32
+SKETCH_COLUMNS = 32
 
 
 class GradiVeQLayer(Compressor):
@@ -102,6 +108,9 @@ class GradiVeQLayer(Compressor):
         ]
         self._modulus = handshake.fingerprint_modulus(context.num_replicas)
         self.geometry = (k, s)
+        self.sketch_shape = (min(s, SKETCH_ROWS), min(k, SKETCH_COLUMNS))
+        # Seeds the sketch's signs: the same on every worker (the key is), fresh per tensor.
+        self._sketch_seed = zlib.crc32(f"{config.seed}/{context.key}".encode()) & 0x7FFFFFFF
         cdt = self.compute_dtype
         width, rows = self.width, self.buffer_rows
 
@@ -130,6 +139,7 @@ class GradiVeQLayer(Compressor):
         self.explained = scalar("explained", 0.0, tf.float32)
         self.fallbacks = counter("fallbacks")
         self.error = scalar("error", 0.0, tf.float32)
+        self.sum_error = scalar("sum_error", 0.0, tf.float32)
         self.refreshes = counter("refreshes")
         self.mismatches = counter("mismatches")
         self.warned = scalar("warned", 0, tf.int32)
@@ -148,6 +158,7 @@ class GradiVeQLayer(Compressor):
             self.explained,
             self.fallbacks,
             self.error,
+            self.sum_error,
             self.refreshes,
             self.mismatches,
             self.warned,
@@ -188,7 +199,9 @@ class GradiVeQLayer(Compressor):
         basis failed the self-check),
         ``gradiveq_error`` (mean over the workers of the local relative error
         ``||g_n - g_hat_n|| / ||g_n||`` of the last compressed step: the error
-        on fresh gradients), ``gradiveq_refreshes`` (bases fitted) and
+        on fresh gradients), ``gradiveq_sum_error`` (the relative error of
+        the last compressed step's aggregated sum, ``||g - g_hat|| / ||g||``,
+        estimated from the residual sketch), ``gradiveq_refreshes`` (bases fitted) and
         ``gradiveq_mismatches`` (blocks that fell back to exact aggregation).
         """
         if self.geometry is None:
@@ -201,6 +214,7 @@ class GradiVeQLayer(Compressor):
             "gradiveq_explained": self.explained.read_value(),
             "gradiveq_fallbacks": as_float(self.fallbacks),
             "gradiveq_error": self.error.read_value(),
+            "gradiveq_sum_error": self.sum_error.read_value(),
             "gradiveq_refreshes": as_float(self.refreshes),
             "gradiveq_mismatches": as_float(self.mismatches),
         }
@@ -256,15 +270,55 @@ class GradiVeQLayer(Compressor):
         value = tf.zeros_like(self.residual) if slices is None else tf.reshape(slices, [-1])
         return _ops(self.residual.assign(value))
 
-    def record_error(self, mean_error: tf.Tensor) -> list:
-        """Stores a compressed step's mean relative error; control inputs.
+    def residual_sketch(
+        self, slices: tf.Tensor, coefficients: tf.Tensor, basis: tf.Tensor
+    ) -> tf.Tensor:
+        """A summable sketch of what the projection drops: ``[a, b]``, compute dtype.
 
-        Above ``refresh_threshold`` it also asks the schedule for a new block
-        (paper eq. 7).
+        With ``X`` the slices ``[S, K]``, ``C = U_d X^T`` their coefficients
+        ``[d, S]`` and ``R = X - C^T U_d`` the residual (orthogonal to ``U``)::
+
+            sketch = F_b((F_a(alpha o R)) o beta)
+
+        ``F_a`` adds the rows into ``a = min(S, 32)`` groups (row ``s`` into
+        group ``s mod a``), ``F_b`` the columns into ``b = min(K, 32)``
+        (column ``k`` into ``k mod b``), after multiplying row ``s`` by the
+        sign ``alpha_s`` and column ``k`` by ``beta_k`` (random signs, drawn
+        afresh at every step from the schedule's counter and the tensor's key,
+        so the same on every worker). It is linear in ``X``, so the
+        all-reduce sums it into the sketch of the aggregated residual
+        ``g - U_d U_d^T g``, and ``E ||sketch||^2 = ||R||^2`` (a count
+        sketch: the cross terms of a group have random signs). The
+        relative standard deviation of ``||sketch||^2`` is about ``sqrt(2/a
+        + 2/b)`` when the residual has rank 1 (its worst case), less for a
+        residual spread over many directions. ``F_a`` is applied before the
+        product with ``U_d`` (``F_a(alpha o C^T) U_d``), so the sketch costs
+        passes over ``X`` and a ``[a, d] x [d, K]`` product, not a second
+        projection.
         """
-        dependencies = _ops(self.error.assign(mean_error))
+        a, b = self.sketch_shape
+        k, s = self.geometry
+        step = self.schedule_.step.read_value()
+        seed = tf.stack([tf.constant(self._sketch_seed, tf.int64), step])
+        signs = tf.random.stateless_uniform([s + k], seed, minval=0, maxval=2, dtype=tf.int64)
+        signs = tf.cast(1 - 2 * signs, slices.dtype)
+        alpha, beta = signs[:s], signs[s:]
+        rows = _fold(slices * alpha[:, None], a)  # [a, K]
+        dropped = rows - tf.matmul(_fold(tf.transpose(coefficients) * alpha[:, None], a), basis)
+        return tf.transpose(_fold(tf.transpose(dropped * beta), b))  # [a, b]
+
+    def record_error(self, mean_error: tf.Tensor, sum_error: tf.Tensor) -> list:
+        """Stores a compressed step's errors; control inputs.
+
+        ``mean_error``: the mean over the workers of the local relative
+        errors; ``sum_error``: the aggregated sum's relative error, estimated
+        from the residual sketch. Above ``refresh_threshold``, the one that
+        ``refresh_on`` names asks the schedule for a new block.
+        """
+        dependencies = _ops(self.error.assign(mean_error), self.sum_error.assign(sum_error))
         if self.config.refresh_threshold is not None:
-            refresh = self.schedule_.request_refresh(mean_error > self.config.refresh_threshold)
+            measured = sum_error if self.config.refresh_on == "sum" else mean_error
+            refresh = self.schedule_.request_refresh(measured > self.config.refresh_threshold)
             dependencies += _ops(refresh)
         return dependencies
 
@@ -526,6 +580,13 @@ class GradiVeQLayer(Compressor):
         return handshake.agreed_in_sum(
             summed_check, self.fingerprint.read_value(), self.context.num_replicas
         )
+
+
+def _fold(x: tf.Tensor, groups: int) -> tf.Tensor:
+    """Adds the rows of ``x`` (``[n, m]``) into ``groups`` rows: row ``i`` into ``i mod groups``."""
+    n = tf.shape(x)[0]
+    padded = tf.pad(x, [[0, (-n) % groups], [0, 0]])
+    return tf.reduce_sum(tf.reshape(padded, [-1, groups, tf.shape(x)[1]]), axis=0)
 
 
 def _after(operations: list) -> tf.Tensor:
