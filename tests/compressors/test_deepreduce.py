@@ -511,3 +511,74 @@ def test_bloom_false_positive_rate_is_reported_within_its_bound():
     exact = DeepReduce(TopK(ratio=0.05), index_codec="varint")
     exact.compress(x)
     assert exact.metrics() == {}
+
+
+# --- index_codec="auto": the codec with the fewest expected bytes, per tensor ------------
+
+
+class TestAutoIndexCodecConformance(CompressorConformance):
+    """``index_codec="auto"`` with everything kept (the bitmap wins): exact round trips."""
+
+    round_trip_rtol = {"float16": 0.0, "bfloat16": 0.0, "float32": 0.0, "float64": 0.0}
+    num_variables = 1  # the step counter
+
+    def make(self):
+        return DeepReduce(TopK(ratio=1.0), index_codec="auto", value_codec="raw")
+
+
+def actual_nbytes(codec, indices, d, policy_values_bytes):
+    """Bytes an encoding of ``indices`` really takes, plus the values of Bloom P0's false positives."""
+    encoded = codec.encode(tf.constant(indices, tf.int64), tf.constant(d, tf.int64), [1, 2])
+    extra = int(tf.size(encoded.positions)) - len(indices)
+    return int(tf.size(encoded.data)) + extra * policy_values_bytes
+
+
+@pytest.mark.parametrize("policy", ["p0", "leftmost"])
+@pytest.mark.parametrize("fpr", [None, 0.01])
+@pytest.mark.parametrize("d", [1000, 100_000])
+def test_auto_index_codec_chooses_the_smallest_encoding(impl, policy, fpr, d):
+    """Over densities 0.1% .. 50%, the choice is the codec whose real encoding is smallest."""
+    rng = np.random.default_rng(d)
+    chosen = set()
+    for ratio in (0.5, 0.2, 0.05, 0.01, 0.001):
+        c = DeepReduce(TopK(ratio=ratio), index_codec="auto", fpr=fpr, policy=policy)
+        r = c.sparsifier.static_count(d)
+        indices = np.sort(rng.choice(d, r, replace=False))
+        value_bytes = 4 if policy == "p0" else 0  # raw float32 values at the false positives
+        sizes = {
+            codec.name: actual_nbytes(codec, indices, d, value_bytes)
+            for codec in c.index_candidates
+        }
+        choice = c.index_codec_for(d, tf.float32).name
+        assert choice == min(sizes, key=sizes.get), (ratio, sizes)
+        chosen.add(choice)
+    # Dense tensors take the bitmap, sparse ones varint; Bloom only where its size pays.
+    assert {"bitmap", "varint"} <= chosen
+    if policy == "leftmost" and fpr == 0.01 and d == 100_000:
+        assert "bloom" in chosen
+
+
+def test_auto_index_codec_round_trip_names_the_chosen_codec():
+    x = random_tensor((40, 50), tf.float32, seed=3)
+    for ratio, name in ((0.3, "bitmap"), (0.01, "varint")):
+        c = DeepReduce(TopK(ratio=ratio), index_codec="auto")
+        payload = c.compress(x)
+        data = payload.tensors["bytes"].numpy()
+        assert data[5] == c.index_codec_for(2000, tf.float32).codec_id
+        assert c.index_codec_for(2000, tf.float32).name == name
+        topk = TopK(ratio=ratio)
+        np.testing.assert_array_equal(
+            c.decompress(payload).numpy(), topk.decompress(topk.compress(x)).numpy()
+        )
+        # A receiver decodes without the sender's local positions.
+        np.testing.assert_array_equal(
+            c.decompress(payload.replace(payload.tensors)).numpy(), c.decompress(payload).numpy()
+        )
+    # The count is not known from the size: varint, lossless.
+    assert DeepReduce(Threshold(0.5), index_codec="auto").index_codec_for(
+        2000, tf.float32
+    ).name == ("varint")
+    assert (
+        DeepReduce(TopK(ratio=0.3), index_codec="auto").compressed_nbytes([2000], tf.float32)
+        == container.HEADER_BYTES + 250 + 600 * 4
+    )

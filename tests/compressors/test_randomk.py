@@ -13,6 +13,9 @@ from tfcompress.compressors.randomk import RandomK, RandomKPayload
 from tfcompress.compressors.state import TensorContext
 from tfcompress.compressors.topk import selected_count
 
+#: The config of a RandomK without a density warm-up (the defaults).
+NO_WARMUP = {"warmup_steps": 0, "warmup_density": 0.25}
+
 
 def replicas(compressor, count, key="float32[64]#0"):
     """The compressor bound to one tensor on ``count`` replicas."""
@@ -59,7 +62,11 @@ class TestRandomK(CompressorConformance):
     def test_config_is_reconstructible(self, variant):
         c = self.bound(variant, (10,), tf.float32)
         again = RandomK(**c.get_config())
-        assert again.get_config() == c.get_config() == {"ratio": 0.25, "k": None, "seed": 1}
+        assert (
+            again.get_config()
+            == c.get_config()
+            == {"ratio": 0.25, "k": None, "seed": 1, **NO_WARMUP}
+        )
 
     def test_flags(self):
         c = self.make()
@@ -234,9 +241,9 @@ def test_rejects_bad_options(options, pattern):
 
 def test_ratio_or_k_as_top_k():
     """RandomK chooses its count as TopK does: a ratio (0.01 by default) or a fixed k."""
-    assert RandomK().get_config() == {"ratio": 0.01, "k": None, "seed": 0}
+    assert RandomK().get_config() == {"ratio": 0.01, "k": None, "seed": 0, **NO_WARMUP}
     assert RandomK(ratio=None).get_config() == RandomK().get_config()
-    assert RandomK(k=5).get_config() == {"ratio": None, "k": 5, "seed": 0}
+    assert RandomK(k=5).get_config() == {"ratio": None, "k": 5, "seed": 0, **NO_WARMUP}
     assert [RandomK(ratio=0.01).count(n) for n in (1000, 10, 0)] == [10, 1, 0]
     assert RandomK(k=5).count(5) == 5 and RandomK(k=5).static_count(3) == 3
     assert int(RandomK(k=3).count(tf.constant(10, tf.int64))) == 3

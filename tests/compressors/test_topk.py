@@ -99,7 +99,12 @@ def test_top_k_count():
     assert TopK(ratio=0.01).count(10) == 1
     assert TopK(ratio=0.3).count(0) == 0
     assert TopK(k=5).count(5) == 5
-    assert TopK().get_config() == {"ratio": 0.01, "k": None}
+    assert TopK().get_config() == {
+        "ratio": 0.01,
+        "k": None,
+        "warmup_steps": 0,
+        "warmup_density": 0.25,
+    }
     assert int(TopK(ratio=0.25).count(tf.constant(10, tf.int64))) == selected_count(0.25, 10) == 3
 
 

@@ -139,6 +139,16 @@ class IndexCodec:
         del count, dense_length
         return None
 
+    def expected_nbytes(self, count: int, dense_length: int) -> float | None:
+        """Expected bytes of ``count`` indices spread uniformly over ``dense_length``.
+
+        What DeepReduce's ``index_codec="auto"`` compares to choose a codec
+        per tensor. The default is :meth:`encoded_nbytes` (exact when the
+        sizes fix it); ``None``: no estimate (run lengths depend on the
+        clustering of the indices).
+        """
+        return self.encoded_nbytes(count, dense_length)
+
     def encode(
         self, indices: TensorLike, dense_length: TensorLike, seed: TensorLike
     ) -> EncodedIndices:
@@ -262,6 +272,24 @@ class DeltaVarint(IndexCodec):
     name = "varint"
     codec_id = 4
 
+    def expected_nbytes(self, count: int, dense_length: int) -> float | None:
+        """``len(r) + r (1 + sum_{j >= 1} (1 - r/d)^(128^j))``: the count, then the gaps.
+
+        A gap of a uniform index set is about geometric, ``P(g >= n) = (1 -
+        r/d)^n``, and takes one byte plus one more for each ``128^j`` it
+        reaches.
+        """
+        r, d = int(count), int(dense_length)
+        total = float(_varint_length(r))
+        if r == 0 or d == 0:
+            return total
+        miss = 1.0 - r / d
+        per_gap, reach = 1.0, 128
+        while reach < d:
+            per_gap += miss**reach
+            reach *= 128
+        return total + r * per_gap
+
     _encode_op = staticmethod(_ops.varint_encode)
     _decode_op = staticmethod(_ops.varint_decode)
 
@@ -327,6 +355,32 @@ class BloomFilter(IndexCodec):
     codec_id = 5
     lossless = False
     HEADER_BYTES: ClassVar[int] = 18
+
+    def sizing(self, count: int, dense_length: int) -> tuple[int, int]:
+        """``(m, k)`` of :meth:`filter_size` in Python ints, for sizes known ahead of time."""
+        r, d = int(count), int(dense_length)
+        if self.false_positive_rate is None:
+            eps = 0.1 * max(r, 1) / max(d, 1)
+        else:
+            eps = self.false_positive_rate
+        log_inverse = math.log(1.0 / eps) / math.log(2.0)
+        k = min(max(math.ceil(log_inverse), 1), _ops.MAX_BLOOM_HASHES)
+        if self.num_hashes is not None:
+            k = self.num_hashes
+        return max(math.ceil(r * log_inverse / math.log(2.0)), 1), k
+
+    def expected_nbytes(self, count: int, dense_length: int) -> float | None:
+        """``18 + ceil(m / 8)``: the header and the filter (the same for every policy)."""
+        m, _ = self.sizing(count, dense_length)
+        return float(self.HEADER_BYTES + -(-m // 8))
+
+    def expected_false_positives(self, count: int, dense_length: int) -> float:
+        """``(d - r) (1 - e^{-k r / m})^k``: the positions the query adds to the ``r`` indices."""
+        r, d = int(count), int(dense_length)
+        if r == 0:
+            return 0.0
+        m, k = self.sizing(r, d)
+        return (d - r) * bloom_false_positive_bound(r, m, k)
 
     def __init__(
         self,
@@ -540,6 +594,11 @@ def bloom_false_positive_bound(num_indices: int, num_bits: int, num_hashes: int)
 
 
 # --- helpers -------------------------------------------------------------------
+
+
+def _varint_length(value: int) -> int:
+    """Bytes of ``value`` in LEB128: ``max(1, ceil(bit_length / 7))``."""
+    return max(1, -(-int(value).bit_length() // 7))
 
 
 def _indices(indices: TensorLike) -> tf.Tensor:

@@ -27,7 +27,7 @@ from tfcompress.compressors.qsgd import QSGD
 from tfcompress.compressors.randomk import RandomK
 from tfcompress.compressors.registry import available, get, register
 from tfcompress.compressors.signsgd import SignSGD
-from tfcompress.compressors.sparsifier import Selection, Sparsifier
+from tfcompress.compressors.sparsifier import DensityWarmup, Selection, Sparsifier
 from tfcompress.compressors.state import (
     SeededNoise,
     StepCounter,
@@ -45,6 +45,7 @@ __all__ = [
     "QSGD",
     "Compressor",
     "DeepReduce",
+    "DensityWarmup",
     "ErrorFeedback",
     "GradiVeQ",
     "Identity",

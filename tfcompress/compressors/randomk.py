@@ -54,11 +54,14 @@ import tensorflow as tf
 from tfcompress.compressors.base import Payload, num_elements, static_num_elements
 from tfcompress.compressors.registry import register
 from tfcompress.compressors.sparsifier import (
+    DEFAULT_WARMUP_DENSITY,
+    DensityWarmup,
     Selection,
     Sparsifier,
     check_ratio_or_k,
     kept_count,
     selected_count,
+    without_default_warmup,
 )
 from tfcompress.compressors.state import PerStepRandomness, SeededNoise, TensorContext
 from tfcompress.ops.checks import check_finite
@@ -133,16 +136,29 @@ class RandomK(PerStepRandomness, Sparsifier):
         its size is static, InvalidArgumentError otherwise).
       seed: integer mixed into the shared seed; must be equal on all workers
         (it is part of :meth:`get_config`). Default 0.
+      warmup_steps: aggregation steps of an exponential density warm-up
+        (Deep Gradient Compression, as :class:`~tfcompress.compressors.topk.TopK`'s):
+        ``k_t`` entries at step ``t``, from ``warmup_density * d`` down to
+        ``k`` (:class:`~tfcompress.compressors.sparsifier.DensityWarmup`),
+        scaled by ``d / k_t``. The step is the counter every compressor
+        call already advances (DeepReduce's under DeepReduce). 0 (the
+        default): no warm-up.
+      warmup_density: the density at step 0, in ``(0, 1]`` and at least
+        ``ratio``. Default 0.25.
 
     Raises:
       ValueError: both ``ratio`` and ``k`` given, ``ratio`` outside
-        ``(0, 1]``, ``k < 1``, or ``seed`` not an integer.
+        ``(0, 1]``, ``k < 1``, ``seed`` not an integer, ``warmup_steps < 0``,
+        or ``warmup_density`` outside ``[ratio, 1]``.
 
     Tuning: the variance grows as ``d/k``, so a small ratio slows
     convergence roughly by ``1 + omega``; 0.1 to 0.25 is a common range, and
-    DIANA or error feedback help below that. A NaN or Inf in the gradient
-    raises InvalidArgumentError (naming the tensor) instead of being hidden
-    by an unlucky draw.
+    DIANA or error feedback help below that (Deep Gradient Compression's
+    momentum correction and clipping are options of
+    :class:`~tfcompress.compressors.error_feedback.ErrorFeedback`).
+    ``omega`` and ``compressed_nbytes`` describe the count after a warm-up.
+    A NaN or Inf in the gradient raises InvalidArgumentError (naming the
+    tensor) instead of being hidden by an unlucky draw.
 
     Example:
 
@@ -160,10 +176,19 @@ class RandomK(PerStepRandomness, Sparsifier):
     stateful = True
     shared_indices = True
 
-    def __init__(self, ratio: float | None = None, seed: int = 0, *, k: int | None = None):
+    def __init__(
+        self,
+        ratio: float | None = None,
+        seed: int = 0,
+        *,
+        k: int | None = None,
+        warmup_steps: int = 0,
+        warmup_density: float = DEFAULT_WARMUP_DENSITY,
+    ):
         # ``seed`` stays the second positional argument (``RandomK(ratio, seed=0)``
-        # in the design notes); ``k`` is keyword-only.
+        # in the design notes); ``k`` and the warm-up are keyword-only.
         self.ratio, self.k = check_ratio_or_k("RandomK", ratio, k)
+        self.warmup = DensityWarmup.checked("RandomK", warmup_steps, warmup_density, self.ratio)
         if self.k is not None:
             # k entries per tensor: over a bucket or a shard that would mean
             # another count, so a fixed k keeps every tensor whole (as TopK's).
@@ -173,13 +198,29 @@ class RandomK(PerStepRandomness, Sparsifier):
         # Shared by every replica (the positions must agree), hence never drawn.
         self.init_randomness(int(seed))
 
-    def count(self, num_elements: int | tf.Tensor) -> int | tf.Tensor:
+    def count(
+        self, num_elements: int | tf.Tensor, step: tf.Tensor | None = None
+    ) -> int | tf.Tensor:
         """The number of entries sent for a tensor of ``num_elements`` elements.
 
+        Args:
+          num_elements: ``d``.
+          step: the aggregation step, needed with a density warm-up
+            (``k_t``, an int64 tensor); ignored without one.
+
         Raises:
-          ValueError: a fixed ``k`` exceeds a static ``num_elements``.
+          ValueError: a fixed ``k`` exceeds a static ``num_elements``, or a
+            warm-up has no ``step``.
         """
-        return kept_count("RandomK", self.ratio, self.k, num_elements)
+        final = kept_count("RandomK", self.ratio, self.k, num_elements)
+        if not self.warmup.enabled:
+            return final
+        if step is None:
+            raise ValueError(
+                f"RandomK(warmup_steps={self.warmup.steps}): the density warm-up needs the "
+                "aggregation step"
+            )
+        return self.warmup.count(step, num_elements, final, self.ratio)
 
     def omega(self, num_elements: int) -> float:
         """``d / k - 1``, with ``k`` at most ``d`` (a fixed ``k`` beyond it keeps everything)."""
@@ -208,9 +249,11 @@ class RandomK(PerStepRandomness, Sparsifier):
         indices = self._indices(d, step, context, stream)
         return Selection(indices=indices, values=tf.gather(flat, indices))
 
-    def value_scale(self, num_elements: int | tf.Tensor, dtype: tf.DType) -> tf.Tensor:
-        """``d / k`` in ``dtype``: every entry is sent with probability ``k / d``."""
-        k = self.count(num_elements)
+    def value_scale(
+        self, num_elements: int | tf.Tensor, dtype: tf.DType, step: tf.Tensor | None = None
+    ) -> tf.Tensor:
+        """``d / k`` in ``dtype`` (``d / k_t`` during a warm-up): one over the odds of a draw."""
+        k = self.count(num_elements, step)
         return tf.cast(num_elements, dtype) / tf.cast(tf.maximum(k, 1), dtype)
 
     # -- compressor --------------------------------------------------------------------------
@@ -224,7 +267,7 @@ class RandomK(PerStepRandomness, Sparsifier):
         # rounded once to the gradient's dtype (float16 results beyond 65504
         # become +-Inf, as anywhere in float16 training; bfloat16 keeps the range).
         wide = tf.float64 if x.dtype == tf.float64 else tf.float32
-        scale = self.value_scale(num_elements(x), wide)
+        scale = self.value_scale(num_elements(x), wide, step)
         values = tf.cast(tf.cast(selection.values, wide) * scale, x.dtype)
         return RandomKPayload(
             tensors={"values": values},
@@ -255,11 +298,25 @@ class RandomK(PerStepRandomness, Sparsifier):
             return min(self.k, num_elements)
         return selected_count(self.ratio, num_elements)
 
+    def sent_positions(self, payload: Payload) -> tf.Tensor:
+        """The positions drawn for ``payload`` (its worker-local ``indices``)."""
+        return payload.indices
+
     def get_config(self) -> dict:
-        return {"ratio": self.ratio, "k": self.k, "seed": self.seed}
+        return {
+            "ratio": self.ratio,
+            "k": self.k,
+            "seed": self.seed,
+            "warmup_steps": self.warmup.steps,
+            "warmup_density": self.warmup.start_density,
+        }
+
+    def _constructor_arguments(self) -> dict:
+        # The warm-up options appear in the repr only when they are not the defaults.
+        return without_default_warmup(self.get_config())
 
     def _indices(self, d, step: tf.Tensor, context: TensorContext, stream: str) -> tf.Tensor:
         noise = SeededNoise(self.seed, context).uniform(
             tf.reshape(tf.cast(d, tf.int64), [1]), step, tf.uint32, stream, shared=True
         )
-        return random_k_indices(noise, self.count(d))
+        return random_k_indices(noise, self.count(d, step))

@@ -19,7 +19,15 @@ through one interface instead of knowing their types:
 
 TopK and RandomK choose how many entries to keep the same way, a share
 (``ratio``) or a fixed number (``k``): :func:`check_ratio_or_k` checks the two
-options and :func:`kept_count` turns them into the count for one tensor.
+options and :func:`kept_count` turns them into the count for one tensor. Both
+can also start denser and reach that count after a warm-up
+(:class:`DensityWarmup`, Deep Gradient Compression's exponential warm-up).
+
+Deep Gradient Compression's other techniques (momentum correction, momentum
+factor masking, local gradient clipping) need a residual and a velocity per
+tensor: they are options of
+:class:`~tfcompress.compressors.error_feedback.ErrorFeedback`, which masks
+the positions a sparsifier reports through :meth:`Sparsifier.sent_positions`.
 """
 
 from __future__ import annotations
@@ -30,21 +38,27 @@ import numbers
 
 import tensorflow as tf
 
-from tfcompress.compressors.base import Compressor
+from tfcompress.compressors.base import Compressor, Payload
 from tfcompress.compressors.state import TensorContext
 
 __all__ = [
     "DEFAULT_RATIO",
+    "DEFAULT_WARMUP_DENSITY",
+    "DensityWarmup",
     "Selection",
     "Sparsifier",
     "check_ratio",
     "check_ratio_or_k",
     "kept_count",
     "selected_count",
+    "without_default_warmup",
 ]
 
 DEFAULT_RATIO = 0.01
 """The ratio of TopK and RandomK when neither ``ratio`` nor ``k`` is given."""
+
+DEFAULT_WARMUP_DENSITY = 0.25
+"""The density a warm-up starts from: Deep Gradient Compression's first epoch (75% sparsity)."""
 
 
 def selected_count(ratio: float, num_elements: int | tf.Tensor) -> int | tf.Tensor:
@@ -120,6 +134,131 @@ def kept_count(
 
 
 @dataclasses.dataclass(frozen=True)
+class DensityWarmup:
+    """An exponential warm-up of a sparsifier's density (Deep Gradient Compression).
+
+    Lin, Han, Mao, Wang and Dally, "Deep Gradient Compression: Reducing the
+    Communication Bandwidth for Distributed Training" (ICLR 2018), Sec. 3.4:
+    early in training the gradients change fast, so the sparsity starts low
+    and rises exponentially (75%, 93.75%, 98.4375%, 99.6%, then 99.9% over
+    the first epochs: the density divided by about 4 per epoch).
+
+    At aggregation step ``t`` of a tensor of ``d`` elements whose sparsifier
+    keeps ``k`` entries after the warm-up (final density ``f``: the ``ratio``
+    option, or ``k / d`` for a fixed ``k``)::
+
+        density(t) = s * (f / s) ** (t / T)             for 0 <= t < T
+        density(t) = f                                  for t >= T
+        k_t = min(d, max(k, floor(density(t) * d + 0.5)))   (k_t = k for t >= T)
+
+    with ``s = start_density`` and ``T = steps``: the density falls by the
+    same factor ``(f / s) ** (1 / T)`` at every step. With ``s = 0.25``,
+    ``f = 0.001`` and ``T`` four epochs of steps it passes DGC's densities at
+    the epoch boundaries: 0.25, 0.063, 0.016, 0.004, then 0.001.
+    ``steps = 0``: no warm-up (``k_t = k``).
+
+    ``t`` is the tensor's aggregation counter (a checkpointed
+    :class:`~tfcompress.compressors.state.StepCounter` of the sparsifier, or
+    of the compressor that calls :meth:`Sparsifier.select`), the same on
+    every worker, so all workers keep the same count at a step.
+
+    Attributes:
+      steps: ``T``, aggregation steps of the warm-up (``>= 0``).
+      start_density: ``s``, the density at step 0, in ``(0, 1]``.
+
+    >>> w = DensityWarmup(steps=4, start_density=0.25)
+    >>> [round(w.density(t, 0.0625), 4) for t in range(6)]
+    [0.25, 0.1768, 0.125, 0.0884, 0.0625, 0.0625]
+    """
+
+    steps: int = 0
+    start_density: float = DEFAULT_WARMUP_DENSITY
+
+    @classmethod
+    def checked(cls, owner: str, steps, start_density, ratio: float | None = None) -> DensityWarmup:
+        """The ``warmup_steps`` and ``warmup_density`` options of ``owner``, checked.
+
+        Raises:
+          ValueError: ``steps`` is not an integer ``>= 0``, ``start_density``
+            is not a number in ``(0, 1]``, or, with a warm-up, it is below
+            ``ratio`` (a warm-up starts denser than it ends).
+        """
+        if isinstance(steps, bool) or not isinstance(steps, numbers.Integral) or steps < 0:
+            raise ValueError(
+                f"{owner}(warmup_steps={steps!r}): `warmup_steps` must be an integer >= 0 "
+                "(0: no density warm-up)"
+            )
+        if (
+            isinstance(start_density, bool)
+            or not isinstance(start_density, numbers.Real)
+            or not 0.0 < float(start_density) <= 1.0
+        ):
+            raise ValueError(
+                f"{owner}(warmup_density={start_density!r}): `warmup_density` must be a "
+                "number in (0, 1]"
+            )
+        if steps > 0 and ratio is not None and float(start_density) < ratio:
+            raise ValueError(
+                f"{owner}(ratio={ratio!r}, warmup_density={start_density!r}): the warm-up "
+                "starts denser than it ends; `warmup_density` must be >= `ratio`"
+            )
+        return cls(steps=int(steps), start_density=float(start_density))
+
+    @property
+    def enabled(self) -> bool:
+        """True when there is a warm-up (``steps > 0``)."""
+        return self.steps > 0
+
+    def density(self, step: int, final_density: float) -> float:
+        """``density(step)`` of the formula above, in Python floats."""
+        if step >= self.steps:
+            return final_density
+        s = self.start_density
+        return s * (final_density / s) ** (step / self.steps)
+
+    def count(
+        self,
+        step: tf.Tensor,
+        num_elements: int | tf.Tensor,
+        final_count: int | tf.Tensor,
+        final_density: float | None,
+    ) -> tf.Tensor:
+        """``k_t`` of the formula above, as an int64 scalar tensor.
+
+        Args:
+          step: int64 scalar, the aggregation step ``t``.
+          num_elements: ``d``.
+          final_count: ``k``, the count after the warm-up.
+          final_density: ``f``; ``None``: ``k / d`` (a fixed ``k``).
+        """
+        step = tf.cast(step, tf.int64)
+        final = tf.cast(final_count, tf.int64)
+        if not self.enabled:
+            return final
+        d = tf.cast(num_elements, tf.int64)
+        d_float = tf.cast(d, tf.float64)
+        if final_density is None:
+            f = tf.cast(final, tf.float64) / tf.maximum(d_float, 1.0)
+        else:
+            f = tf.constant(final_density, tf.float64)
+        s = tf.constant(self.start_density, tf.float64)
+        fraction = tf.cast(tf.minimum(step, self.steps), tf.float64) / float(self.steps)
+        warm = tf.cast(tf.floor(s * tf.pow(f / s, fraction) * d_float + 0.5), tf.int64)
+        warm = tf.minimum(d, tf.maximum(warm, final))
+        return tf.where(step >= self.steps, final, warm)
+
+
+def without_default_warmup(config: dict) -> dict:
+    """A sparsifier's config without the warm-up options that have their default values.
+
+    What its repr shows: ``TopK()`` and ``TopK(warmup_steps=0)`` are one
+    compressor and read ``TopK(ratio=0.01, k=None)``.
+    """
+    defaults = {"warmup_steps": 0, "warmup_density": DEFAULT_WARMUP_DENSITY}
+    return {k: v for k, v in config.items() if k not in defaults or v != defaults[k]}
+
+
+@dataclasses.dataclass(frozen=True)
 class Selection:
     """The entries a sparsifier chose from one tensor.
 
@@ -181,10 +320,23 @@ class Sparsifier(Compressor):
         del num_elements
         return None
 
-    def value_scale(self, num_elements: int | tf.Tensor, dtype: tf.DType) -> tf.Tensor | None:
+    def value_scale(
+        self, num_elements: int | tf.Tensor, dtype: tf.DType, step: tf.Tensor | None = None
+    ) -> tf.Tensor | None:
         """The factor (a ``dtype`` scalar) the selected values are multiplied by before sending.
 
-        ``None`` (the default): the values are sent as they are.
+        ``step``: the aggregation step of the selection (a count that a
+        density warm-up changes changes the factor too). ``None`` (the
+        default result): the values are sent as they are.
         """
-        del num_elements, dtype
+        del num_elements, dtype, step
         return None
+
+    def sent_positions(self, payload: Payload) -> tf.Tensor:
+        """The flat positions whose entries ``payload`` carries: int32 ``[m]``, ascending.
+
+        ``payload`` is this compressor's own, fresh from :meth:`compress`.
+        :class:`~tfcompress.compressors.error_feedback.ErrorFeedback` masks
+        its velocity there (momentum factor masking).
+        """
+        return payload.tensors["indices"]

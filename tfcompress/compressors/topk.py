@@ -14,7 +14,8 @@ tensor        dtype    shape  content
 ============  =======  =====  =================================================
 
 ``m`` is the length of both tensors (``d`` = number of elements): ``k`` for
-:class:`TopK`, so a payload takes ``k * (itemsize + 4)`` bytes; for
+:class:`TopK` (``k_t`` during a density warm-up), so a payload takes
+``k * (itemsize + 4)`` bytes; for
 :class:`Threshold` it varies per worker and step. Neither is summable (two
 workers select different positions): payloads are all-gathered and every
 worker decodes all of them. ``decompress`` rejects a payload whose lengths
@@ -43,14 +44,17 @@ from tfcompress.compressors.base import Payload, num_elements, static_num_elemen
 from tfcompress.compressors.registry import register
 from tfcompress.compressors.sparsifier import (
     DEFAULT_RATIO,
+    DEFAULT_WARMUP_DENSITY,
+    DensityWarmup,
     Selection,
     Sparsifier,
     check_ratio,
     check_ratio_or_k,
     kept_count,
     selected_count,
+    without_default_warmup,
 )
-from tfcompress.compressors.state import TensorContext
+from tfcompress.compressors.state import StepCounter, TensorContext
 from tfcompress.ops.sparsify import (
     graph_name,
     sparse_scatter,
@@ -67,11 +71,15 @@ class _Sparse(Sparsifier):
     def compress(self, x: tf.Tensor) -> Payload:
         tensor_name = graph_name(x)
         x = self._check_input(x)
-        selection = self.select(x, None, self.context, tensor_name)
+        selection = self.select(x, self._next_step(), self.context, tensor_name)
         return Payload(
             tensors={"values": selection.values, "indices": selection.indices},
             **self._metadata(x),
         )
+
+    def _next_step(self) -> tf.Tensor | None:
+        """The aggregation step of a compressor with a schedule (``None``: none needed)."""
+        return None
 
     def decompress(self, payload: Payload) -> tf.Tensor:
         dense = sparse_scatter(
@@ -99,21 +107,43 @@ class TopK(_Sparse):
     Distributed Gradient Descent" (EMNLP 2017) drop 99% of the gradient, and
     Lin et al., "Deep Gradient Compression" (ICLR 2018) 99.9%.
 
+    Deep Gradient Compression (Lin et al.) trains at 99.9% sparsity with
+    four techniques. The density warm-up is an option here
+    (``warmup_steps``, ``warmup_density``: the count ``k_t`` of
+    :class:`~tfcompress.compressors.sparsifier.DensityWarmup` at aggregation
+    ``t``, starting from ``warmup_density * d`` and falling exponentially to
+    ``k``); momentum correction, momentum factor masking and local gradient
+    clipping are options of the error feedback around it::
+
+        ErrorFeedback(TopK(ratio=0.001, warmup_steps=2000), momentum=0.9, clip_norm=1.0)
+
     Args:
       ratio: fraction of the entries kept, in ``(0, 1]``. Default 0.01 (1%,
         as Aji and Heafield) when neither ``ratio`` nor ``k`` is given.
       k: a fixed number of entries kept, ``>= 1``, instead of a ratio. A
         tensor with fewer than ``k`` elements is an error (ValueError when
         its size is static, InvalidArgumentError otherwise).
+      warmup_steps: aggregation steps of the exponential density warm-up
+        (``T``); 0 (the default) keeps ``k`` entries from the first step.
+        With a warm-up the compressor is stateful: a bound TopK owns an
+        int64 step counter (checkpointed through :attr:`variables`), and
+        under DeepReduce the step is DeepReduce's own counter.
+      warmup_density: the density at step 0 (``s``), in ``(0, 1]`` and at
+        least ``ratio``. Default 0.25, DGC's first epoch (75% sparsity).
 
     Raises:
       ValueError: both ``ratio`` and ``k`` given, ``ratio`` outside
-        ``(0, 1]``, or ``k < 1``.
+        ``(0, 1]``, ``k < 1``, ``warmup_steps < 0``, or ``warmup_density``
+        outside ``[ratio, 1]``.
 
     Tuning: without error feedback keep ``ratio`` at 0.1 or more; with it
     (``ErrorFeedback(TopK(...))``) 0.01 to 0.001 usually trains to the same
     accuracy. Payloads cost ``k * (itemsize + 4)`` bytes, so the traffic
-    ratio is ``itemsize / (ratio * (itemsize + 4))``: 50x for float32 at 1%.
+    ratio is ``itemsize / (ratio * (itemsize + 4))``: 50x for float32 at 1%
+    (``compressed_nbytes`` gives the size after the warm-up; during it the
+    payloads are larger, up to ``warmup_density / ratio`` times). DGC warms
+    up over the first 4 epochs out of 90 (ResNet on ImageNet): set
+    ``warmup_steps`` to a few epochs of aggregation steps.
     Selection is linear in ``d`` and parallel (radix select, no sort).
 
     Example:
@@ -129,20 +159,61 @@ class TopK(_Sparse):
     fusable = True
     unbiased = False
 
-    def __init__(self, ratio: float | None = None, k: int | None = None):
+    def __init__(
+        self,
+        ratio: float | None = None,
+        k: int | None = None,
+        warmup_steps: int = 0,
+        warmup_density: float = DEFAULT_WARMUP_DENSITY,
+    ):
         self.ratio, self.k = check_ratio_or_k("TopK", ratio, k)
         if self.k is not None:
             # k entries per tensor: over a bucket or a shard that would mean
             # another count, so a fixed k keeps every tensor whole.
             self.fusable = False
+        self.warmup = DensityWarmup.checked("TopK", warmup_steps, warmup_density, self.ratio)
+        # The warm-up's step is state; without one TopK is its own bound form.
+        self.stateful = self.warmup.enabled
+        self._steps: StepCounter | None = None
 
-    def count(self, num_elements: int | tf.Tensor) -> int | tf.Tensor:
+    def build_state(self, context: TensorContext) -> None:
+        """Creates the step counter of the density warm-up (stateful only with one)."""
+        self._steps = StepCounter(self.name, context)
+
+    @property
+    def variables(self) -> tuple[tf.Variable, ...]:
+        """The warm-up's step counter (after the first use or bind; none without a warm-up)."""
+        return () if self._steps is None else self._steps.variables
+
+    def _next_step(self) -> tf.Tensor | None:
+        if not self.warmup.enabled:
+            return None
+        self.ensure_state()
+        return self._steps.next()
+
+    def count(
+        self, num_elements: int | tf.Tensor, step: tf.Tensor | None = None
+    ) -> int | tf.Tensor:
         """The number of entries sent for a tensor of ``num_elements`` elements.
 
+        Args:
+          num_elements: ``d``.
+          step: the aggregation step, needed with a density warm-up
+            (``k_t``, an int64 tensor); ignored without one.
+
         Raises:
-          ValueError: a fixed ``k`` exceeds a static ``num_elements``.
+          ValueError: a fixed ``k`` exceeds a static ``num_elements``, or a
+            warm-up has no ``step``.
         """
-        return kept_count("TopK", self.ratio, self.k, num_elements)
+        final = kept_count("TopK", self.ratio, self.k, num_elements)
+        if not self.warmup.enabled:
+            return final
+        if step is None:
+            raise ValueError(
+                f"TopK(warmup_steps={self.warmup.steps}): the density warm-up needs the "
+                "aggregation step; select() was called with step=None"
+            )
+        return self.warmup.count(step, num_elements, final, self.ratio)
 
     def select(
         self,
@@ -152,9 +223,14 @@ class TopK(_Sparse):
         tensor_name: str,
         stream: str = "",
     ) -> Selection:
-        """The ``k`` entries of largest magnitude (``step``, ``context`` and ``stream`` unused)."""
-        del step, context, stream
-        values, indices = top_k_magnitudes(x, self.count(num_elements(x)), tensor_name=tensor_name)
+        """The ``k`` (``k_t`` during a warm-up) entries of largest magnitude.
+
+        ``step`` is read by the density warm-up only; ``context`` and
+        ``stream`` are unused.
+        """
+        del context, stream
+        count = self.count(num_elements(x), step)
+        values, indices = top_k_magnitudes(x, count, tensor_name=tensor_name)
         return Selection(indices=indices, values=values)
 
     def compressed_nbytes(self, shape: tf.TensorShape, dtype: tf.DType) -> int | None:
@@ -171,7 +247,16 @@ class TopK(_Sparse):
         return selected_count(self.ratio, num_elements)
 
     def get_config(self) -> dict:
-        return {"ratio": self.ratio, "k": self.k}
+        return {
+            "ratio": self.ratio,
+            "k": self.k,
+            "warmup_steps": self.warmup.steps,
+            "warmup_density": self.warmup.start_density,
+        }
+
+    def _constructor_arguments(self) -> dict:
+        # The warm-up options appear in the repr only when they are not the defaults.
+        return without_default_warmup(self.get_config())
 
 
 @register
@@ -198,6 +283,12 @@ class Threshold(_Sparse):
 
     Raises:
       ValueError: ``value`` is not a finite number ``> 0``.
+
+    Deep Gradient Compression's momentum correction, momentum factor masking
+    and local gradient clipping are options of the error feedback around it
+    (``ErrorFeedback(Threshold(...), momentum=0.9, clip_norm=...)``); its
+    density warm-up is :class:`TopK`'s and RandomK's (a threshold sets no
+    density).
 
     Tuning: the payload size (``m * (itemsize + 4)`` bytes) varies with the
     gradients' scale, which changes during training; prefer :class:`TopK`

@@ -145,7 +145,11 @@ def second_stage_of(compressor: Compressor) -> Compressor | None:
 
     * summable compressors: themselves (their shards are simply all-reduced);
     * unbiased compressors (QSGD, TernGrad, PQuant) and ``ErrorFeedback``:
-      themselves, bound anew, so with fresh randomness or their own memory;
+      themselves, bound anew, so with fresh randomness or their own memory
+      (an ErrorFeedback with Deep Gradient Compression's ``momentum`` or
+      ``clip_norm``: plain ErrorFeedback around its inner compressor, since
+      the momentum and the clipping apply to the workers' gradients once,
+      not again to the owner's sum);
     * other biased compressors (TopK, Threshold, SignSGD, DeepReduce):
       ``ErrorFeedback`` around them, so the owner keeps the residual of its
       shard (DoubleSqueeze);
@@ -163,6 +167,8 @@ def second_stage_of(compressor: Compressor) -> Compressor | None:
         return compressor
     if not compressor.fusable or not compressor.sums_payloads:
         return None
+    if isinstance(compressor, ErrorFeedback) and (compressor.momentum or compressor.clip_norm):
+        return ErrorFeedback(compressor.inner)
     if compressor.unbiased or isinstance(compressor, ErrorFeedback):
         return compressor
     return ErrorFeedback(compressor)
