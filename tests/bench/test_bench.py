@@ -506,7 +506,13 @@ def test_bench_train_mlp_task_rows():
     gradiveq, paper = (
         _train_options(task.variants[label])[1] for label in ("gradiveq", "gradiveq paper")
     )
-    assert (gradiveq["sampling_steps"], gradiveq["compressed_steps"]) == (40, 60)  # the library's
+    assert gradiveq == {"warmup_steps": 0, "seed": 0}  # the library's defaults otherwise
+    for label, changed in (
+        ("gradiveq local refresh", {"refresh_on": "local"}),
+        ("gradiveq refresh 0.45", {"refresh_threshold": 0.45}),
+        ("gradiveq 10 + 0.45", {"sampling_steps": 10, "refresh_threshold": 0.45}),
+    ):
+        assert _train_options(task.variants[label])[1] == {**gradiveq, **changed}
     assert paper["compressed_steps"] == 4 * paper["sampling_steps"]  # the paper's 100 : 400
     wide = _train_options(task.variants["gradiveq paper wide"])[1]
     assert wide == {**paper, **bench_train.MLP_WIDE_SKETCH}  # the paper's block, a wider sketch

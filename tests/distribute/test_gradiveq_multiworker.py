@@ -83,7 +83,8 @@ def test_schedule_switches_in_one_traced_function(sampling):
         assert 1 <= d <= 9  # noisy 4-bit samples; at most the 3 fit steps' 9 rows
         first = 4 * -(-SIZE // 512) + (SIZE * 5 + 7) // 8  # QSGD 4 bits, buckets of 512
     assert sent[0] == sent[1] == sent[7] == 2 * (first + 8)  # + the fingerprint pair
-    assert sent[5] == sent[6] == 2 * (4 * d * 3 + 12)  # coefficients, fingerprints, error
+    # coefficients, the residual sketch [min(S, 32), min(K, 32)], fingerprints, error
+    assert sent[5] == sent[6] == 2 * (4 * (d * 3 + 3 * 32) + 12)
     np.testing.assert_array_equal(layers[0].basis.numpy(), layers[1].basis.numpy())
     schedule = ops.schedule_of(0)
     assert int(schedule.step) == 11 and int(layers[0].refreshes) == 2  # d chosen at 3 and 9

@@ -53,6 +53,15 @@ def _gradiveq(warmup: int, sampling: int, compressed: int, paper: bool = False) 
     ]
 
 
+def _gradiveq_defaults(**options) -> list[str]:
+    """GradiVeQ's library defaults but no warm-up (:data:`MLP_WARMUP_STEPS`), and ``options``."""
+    return [
+        "--compression",
+        "gradiveq",
+        *_options(warmup_steps=MLP_WARMUP_STEPS, **options, seed=0),
+    ]
+
+
 # label -> train.py arguments (the default aggregation is "auto"); the cnn task's table.
 # Every compressor that draws random numbers is given its seed= (the library's
 # default where the row had none), so that the runs of --seeds shift it.
@@ -145,10 +154,16 @@ MLP_WIDE_SKETCH = {"max_components": 128, "energy_loss": 0.001}
 
 _MLP_VARIANTS: dict[str, list[str]] = {
     **{label: VARIANTS[label] for label in VARIANTS if label not in _OPT_IN},
-    # The library's block (L_t = 40, L_c = 60) and the paper's proportions
-    # (L_t = L_c / 4) after a warm-up short enough for 100 steps: compressed
-    # from step 50 and from step 30.
-    "gradiveq": _gradiveq(MLP_WARMUP_STEPS, 40, 60),
+    # The library's defaults (blocks of L_t = 40 and L_c = 60, refits of 4, a
+    # refresh when the sum's estimated error passes 0.3) without the warm-up;
+    # the same with the paper's refresh rule (the workers' mean local error,
+    # the default before 2026-12-07); with a refresh only above 0.45 (a
+    # cosine of 0.89); and with that and a first block of 10 sampling steps;
+    # then the paper's proportions (L_t = L_c / 4, fixed blocks).
+    "gradiveq": _gradiveq_defaults(),
+    "gradiveq local refresh": _gradiveq_defaults(refresh_on="local"),
+    "gradiveq refresh 0.45": _gradiveq_defaults(refresh_threshold=0.45),
+    "gradiveq 10 + 0.45": _gradiveq_defaults(sampling_steps=10, refresh_threshold=0.45),
     "gradiveq paper": _gradiveq(MLP_WARMUP_STEPS, 20, 80, paper=True),
     "gradiveq paper wide": [
         *_gradiveq(MLP_WARMUP_STEPS, 20, 80, paper=True),
