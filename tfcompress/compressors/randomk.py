@@ -59,7 +59,6 @@ from tfcompress.compressors.sparsifier import (
     Selection,
     Sparsifier,
     check_ratio_or_k,
-    kept_count,
     selected_count,
     without_default_warmup,
 )
@@ -212,15 +211,7 @@ class RandomK(PerStepRandomness, Sparsifier):
           ValueError: a fixed ``k`` exceeds a static ``num_elements``, or a
             warm-up has no ``step``.
         """
-        final = kept_count("RandomK", self.ratio, self.k, num_elements)
-        if not self.warmup.enabled:
-            return final
-        if step is None:
-            raise ValueError(
-                f"RandomK(warmup_steps={self.warmup.steps}): the density warm-up needs the "
-                "aggregation step"
-            )
-        return self.warmup.count(step, num_elements, final, self.ratio)
+        return self.warmup.kept("RandomK", self.ratio, self.k, num_elements, step)
 
     def omega(self, num_elements: int) -> float:
         """``d / k - 1``, with ``k`` at most ``d`` (a fixed ``k`` beyond it keeps everything)."""

@@ -216,6 +216,36 @@ class DensityWarmup:
         s = self.start_density
         return s * (final_density / s) ** (step / self.steps)
 
+    def kept(
+        self,
+        owner: str,
+        ratio: float | None,
+        k: int | None,
+        num_elements: int | tf.Tensor,
+        step: tf.Tensor | None,
+    ) -> int | tf.Tensor:
+        """What a sparsifier keeps at ``step``: :func:`kept_count`, or ``k_t`` during the warm-up.
+
+        Args:
+          owner: the sparsifier's name, for the errors.
+          ratio, k: its options (:func:`check_ratio_or_k`).
+          num_elements: ``d``.
+          step: the aggregation step (an int64 tensor); ignored without a warm-up.
+
+        Raises:
+          ValueError: a fixed ``k`` exceeds a static ``num_elements``, or a
+            warm-up has no ``step``.
+        """
+        final = kept_count(owner, ratio, k, num_elements)
+        if not self.enabled:
+            return final
+        if step is None:
+            raise ValueError(
+                f"{owner}(warmup_steps={self.steps}): the density warm-up needs the "
+                "aggregation step; select() was called with step=None"
+            )
+        return self.count(step, num_elements, final, ratio)
+
     def count(
         self,
         step: tf.Tensor,

@@ -50,7 +50,6 @@ from tfcompress.compressors.sparsifier import (
     Sparsifier,
     check_ratio,
     check_ratio_or_k,
-    kept_count,
     selected_count,
     without_default_warmup,
 )
@@ -205,15 +204,7 @@ class TopK(_Sparse):
           ValueError: a fixed ``k`` exceeds a static ``num_elements``, or a
             warm-up has no ``step``.
         """
-        final = kept_count("TopK", self.ratio, self.k, num_elements)
-        if not self.warmup.enabled:
-            return final
-        if step is None:
-            raise ValueError(
-                f"TopK(warmup_steps={self.warmup.steps}): the density warm-up needs the "
-                "aggregation step; select() was called with step=None"
-            )
-        return self.warmup.count(step, num_elements, final, self.ratio)
+        return self.warmup.kept("TopK", self.ratio, self.k, num_elements, step)
 
     def select(
         self,
