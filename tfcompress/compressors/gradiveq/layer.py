@@ -45,6 +45,10 @@ _CHECK_STEPS = 3
 SKETCH_ROWS = 32
 SKETCH_COLUMNS = 32
 
+#: Compressed phases in a row ended by the refresh at their first step after
+#: which GradiVeQ says so (once per tensor).
+QUICK_REFRESHES = 3
+
 
 class GradiVeQLayer(Compressor):
     """GradiVeQ bound to one tensor of one replica: its sketch, basis and views.
@@ -57,7 +61,8 @@ class GradiVeQLayer(Compressor):
     after the fit), ``singular`` ``[l]``, ``count`` (rows in the sketch),
     ``buffer`` ``[B, K]`` and ``filled``, ``components`` (``d``), ``valid``,
     ``degenerate``, ``kept_energy``, ``heldout_error``, ``explained``,
-    ``fallbacks``, ``error``, ``refreshes``, ``mismatches``, ``warned``, ``fingerprint``
+    ``fallbacks``, ``error``, ``sum_error``, ``refreshes``, ``mismatches``, ``warned``,
+    ``quick_refreshes``, ``warned_refresh``, ``fingerprint``
     ``[2]``, ``residual`` (with ``error_feedback``), plus the sampling
     compressor's state.
 
@@ -143,6 +148,10 @@ class GradiVeQLayer(Compressor):
         self.refreshes = counter("refreshes")
         self.mismatches = counter("mismatches")
         self.warned = scalar("warned", 0, tf.int32)
+        # Compressed phases in a row that the refresh ended at their first step,
+        # and whether that was said (once per tensor).
+        self.quick_refreshes = scalar("quick_refreshes", 0, tf.int32)
+        self.warned_refresh = scalar("warned_refresh", 0, tf.int32)
         self.fingerprint = variable("fingerprint", lambda: tf.zeros([2], tf.float32))
         self._variables = (
             self.basis,
@@ -162,6 +171,8 @@ class GradiVeQLayer(Compressor):
             self.refreshes,
             self.mismatches,
             self.warned,
+            self.quick_refreshes,
+            self.warned_refresh,
             self.fingerprint,
         )
         self.residual = None
@@ -318,9 +329,49 @@ class GradiVeQLayer(Compressor):
         dependencies = _ops(self.error.assign(mean_error), self.sum_error.assign(sum_error))
         if self.config.refresh_threshold is not None:
             measured = sum_error if self.config.refresh_on == "sum" else mean_error
-            refresh = self.schedule_.request_refresh(measured > self.config.refresh_threshold)
-            dependencies += _ops(refresh)
+            above = measured > self.config.refresh_threshold
+            refresh = self.schedule_.request_refresh(above)
+            dependencies += _ops(refresh) + self._count_quick_refresh(above, measured)
         return dependencies
+
+    def _count_quick_refresh(self, above: tf.Tensor, measured: tf.Tensor) -> list:
+        """Says once when the refresh ends :data:`QUICK_REFRESHES` compressed phases in a row
+        at their first step: the bases do not hold this tensor's gradients beyond the
+        steps they were fitted on, so it is compressed mostly by the sampling steps."""
+        schedule = self.schedule_
+        first = tf.equal(schedule.position(), schedule.sampling_length())
+        quick = tf.logical_and(first, above)
+        count = tf.where(
+            quick,
+            self.quick_refreshes + 1,
+            tf.where(first, 0, self.quick_refreshes.read_value()),
+        )
+        stored = self.quick_refreshes.assign(count)
+
+        def say() -> tf.Tensor:
+            printed = tf.print(
+                f"WARNING: GradiVeQ: the bases fitted for tensor {self.context.key!r} do not "
+                f"hold its gradients: {QUICK_REFRESHES} compressed phases in a row ended at "
+                "their first step, whose relative error was",
+                tf.round(measured * 100.0) / 100.0,
+                f"(above refresh_threshold = {self.config.refresh_threshold}); the tensor "
+                "travels mostly through the sampling steps (printed once per tensor; "
+                "gradiveq_refreshes counts the fits)",
+                output_stream=sys.stderr,
+            )
+            with tf.control_dependencies([printed]):
+                return tf.identity(self.warned_refresh.assign(1))
+
+        with tf.control_dependencies(_ops(stored)):
+            told = tf.cond(
+                tf.logical_and(
+                    tf.equal(self.quick_refreshes.read_value(), QUICK_REFRESHES),
+                    tf.equal(self.warned_refresh.read_value(), 0),
+                ),
+                say,
+                lambda: self.warned_refresh.read_value(),
+            )
+        return _ops(stored) + [told]
 
     def local_check(self) -> tf.Tensor:
         """This worker's fingerprint pair, to be compared after the aggregation."""
