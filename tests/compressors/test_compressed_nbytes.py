@@ -129,7 +129,10 @@ def test_powersgd_counts_both_rounds(shape, dtype):
 
 @pytest.mark.parametrize("components", [None, 2])
 def test_gradiveq_bounds_its_compressed_steps(components):
-    """The coefficients of a fitted layer: ``4 d S + 12`` with ``d`` at most the estimate's."""
+    """A fitted layer's payload: ``4 (d S + a b) + 12`` with ``d`` at most the estimate's.
+
+    ``a b`` is the residual sketch, ``min(S, 32) x min(K, 32)``.
+    """
     shape = (3, 3, 8, 8)
     # Rank-2 data: a fixed d = 2 explains them, so the self-check passes.
     workers, _ = fitted_workers(shape, num_workers=2, rank=2, components=components)
@@ -143,7 +146,8 @@ def test_gradiveq_bounds_its_compressed_steps(components):
     ).compressed_nbytes(shape, tf.float32)
     assert sent <= configured <= estimate
     if components is not None:
-        assert sent == configured == 4 * components * layer.geometry[1] + 12
+        k, s = layer.geometry
+        assert sent == configured == 4 * (components * s + min(s, 32) * min(k, 32)) + 12
     assert GradiVeQ().compressed_nbytes([0], tf.float32) is None
 
 
