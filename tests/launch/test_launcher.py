@@ -7,40 +7,22 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
 import pytest
 
+from tests.launching import (
+    assert_killed_launcher_leaves_no_worker,
+    launcher_env,
+    process_alive,
+    python_worker,
+)
 from tests.multiworker import default_termination_signals
 from tfcompress.cli import main as cli_main
 from tfcompress.launch import LaunchResult, free_ports, launch, make_tf_config
 from tfcompress.launch import launcher as launcher_module
 from tfcompress.launch import tf_config as tf_config_module
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
-
-
-def python_worker(source: str) -> list[str]:
-    """A worker command running ``source`` (dedented) in a fresh Python."""
-    return [sys.executable, "-c", textwrap.dedent(source)]
-
-
-def process_alive(pid: int) -> bool:
-    """Whether ``pid`` is a live process (zombies, waiting for a reaper, count as gone)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    except OSError:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        return True
-    state = stat.rsplit(")", 1)[1].split()[0]
-    return state not in ("Z", "X")
 
 
 def live_group_members(pgid: int) -> list[int]:
@@ -70,12 +52,6 @@ def assert_no_workers_left(result: LaunchResult) -> None:
     for pid in result.worker_pids:
         assert not process_alive(pid), f"worker pid {pid} is still alive\n{result.format_logs()}"
         assert live_group_members(pid) == [], f"process group {pid} still has members"
-
-
-def launcher_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
-    return env
 
 
 def test_free_ports_are_distinct_and_bindable():
@@ -444,24 +420,7 @@ def test_sigkilled_launcher_leaves_no_worker_behind():
         stderr=subprocess.PIPE,
         text=True,
     )
-    pids = []
-    try:
-        while len(pids) < 2:
-            line = launcher.stdout.readline()
-            assert line, f"launcher ended early: {launcher.stderr.read()}"
-            if " pid " in line:
-                pids.append(int(line.split()[-1]))
-        launcher.kill()
-        launcher.wait()
-        deadline = time.monotonic() + 10
-        while any(process_alive(pid) for pid in pids) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not any(process_alive(pid) for pid in pids)
-        assert "watchdog" in launcher.stderr.read()
-    finally:
-        for pid in pids:
-            if process_alive(pid):
-                os.kill(pid, signal.SIGKILL)
+    assert_killed_launcher_leaves_no_worker(launcher, " pid ")
 
 
 def test_workers_left_running_after_a_peer_exits_are_stopped():

@@ -14,15 +14,17 @@ import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
 
 import pytest
 
+from tests.launching import (
+    launcher_env,
+    process_alive,
+    python_worker,
+)
 from tests.multiworker import default_termination_signals
 from tfcompress.cli import main as cli_main
 from tfcompress.launch import NetnsError, launch, netns
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def _netns_unavailable_reason() -> str | None:
@@ -37,17 +39,6 @@ def _netns_unavailable_reason() -> str | None:
 requires_netns = pytest.mark.skipif(
     _netns_unavailable_reason() is not None, reason=str(_netns_unavailable_reason())
 )
-
-
-def python_worker(source: str) -> list[str]:
-    """A worker command running ``source`` (dedented) in a fresh Python."""
-    return [sys.executable, "-c", textwrap.dedent(source)]
-
-
-def launcher_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
-    return env
 
 
 def run_module_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
@@ -72,14 +63,6 @@ def namespaces_of(pid: int) -> list[str]:
 def root_links() -> set[str]:
     listing = subprocess.run(["ip", "-json", "link", "show"], capture_output=True, text=True)
     return {link["ifname"] for link in json.loads(listing.stdout)}
-
-
-def process_alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return False
-    return state not in ("Z", "X")
 
 
 def wait_until(condition, timeout: float = 5.0) -> bool:

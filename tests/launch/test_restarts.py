@@ -8,16 +8,19 @@ after a restart is at the end (slow).
 
 import doctest
 import io
-import os
 import signal
 import subprocess
 import sys
-import textwrap
 import time
-from pathlib import Path
 
 import pytest
 
+from tests.launching import (
+    assert_killed_launcher_leaves_no_worker,
+    launcher_env,
+    process_alive,
+    python_worker,
+)
 from tests.multiworker import ROOT, WORKERS
 from tfcompress.cli import main as cli_main
 from tfcompress.distribute import lost_workers
@@ -40,26 +43,6 @@ else:
     import time
     time.sleep(60)
 """
-
-
-def python_worker(source: str) -> list[str]:
-    """A worker command running ``source`` (dedented) in a fresh Python."""
-    return [sys.executable, "-c", textwrap.dedent(source)]
-
-
-def process_alive(pid: int) -> bool:
-    """Whether ``pid`` is a live process (zombies count as gone)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-
-
-def launcher_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    return env
 
 
 def test_docstring_examples():
@@ -249,24 +232,7 @@ def test_sigkilled_launcher_leaves_no_restarted_worker_behind(tmp_path):
         stderr=subprocess.PIPE,
         text=True,
     )
-    pids = []
-    try:
-        while len(pids) < 2:
-            line = launcher.stdout.readline()
-            assert line, f"launcher ended early: {launcher.stderr.read()}"
-            if "second attempt, pid" in line:
-                pids.append(int(line.split()[-1]))
-        launcher.kill()
-        launcher.wait()
-        deadline = time.monotonic() + 10
-        while any(process_alive(pid) for pid in pids) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not any(process_alive(pid) for pid in pids)
-        assert "watchdog" in launcher.stderr.read()
-    finally:
-        for pid in pids:
-            if process_alive(pid):
-                os.kill(pid, signal.SIGKILL)
+    assert_killed_launcher_leaves_no_worker(launcher, "second attempt, pid")
 
 
 @pytest.mark.slow
