@@ -196,6 +196,31 @@ def test_phases_are_read_from_the_schedules_and_graph_equals_eager():
     )
 
 
+def test_gradiveq_sampling_is_emulated_in_two_stages_from_three_workers():
+    """As the strategy with ``aggregation="auto"``: with 3 workers GradiVeQ's QSGD sampling
+    steps go through two stages (each worker sends its 3 shards and its owner payload,
+    every worker decodes the same bits), with 2 workers and with "allgather" through the
+    all-gather; the compressed steps are the same summable payloads either way."""
+    from tfcompress.compressors import QSGD, GradiVeQ  # noqa: PLC0415
+
+    def run(workers, aggregation):
+        stream = make_gradients("kernel_subspace", [(3, 3, 16, 16)], workers, 6)
+        compressor = GradiVeQ(warmup_steps=0, sampling_steps=4, compressed_steps=4)
+        return run_fidelity(compressor, stream, workers, aggregation=aggregation).steps
+
+    size = 3 * 3 * 16 * 16
+    whole, shard = (QSGD().compressed_nbytes([n], "float32") for n in (size, size // 3))
+    staged, gathered, pair = run(3, "auto"), run(3, "allgather"), run(2, "auto")
+    for steps in (staged, gathered, pair):
+        assert [s.branch for s in steps] == [0, 0, 0, 0, 1, 1]
+        assert max(s.worker_spread for s in steps) == 0.0
+    check = 8  # the fingerprint pair, with every sampled payload (the owner's, staged)
+    assert staged[0].bytes_per_worker == 3 * shard + (shard + check)
+    assert gathered[0].bytes_per_worker == pair[0].bytes_per_worker == whole + check
+    assert staged[4].bytes_per_worker == gathered[4].bytes_per_worker
+    assert min(s.cosine for s in staged[:4]) > 0.9
+
+
 def test_a_used_compressor_is_refused():
     stream = make_gradients("matrix_rank", "small", 2, 1)
     used = PowerSGD(rank=2, start_step=3)

@@ -353,6 +353,13 @@ def _configure_fidelity(gradiveq) -> None:
         "--drift", type=_non_negative_float, default=0.05, help="drifting's pattern drift per step"
     )
     fidelity.add_argument("--seed", type=non_negative_int, default=0, help="seeds the gradients")
+    fidelity.add_argument(
+        "--aggregation",
+        choices=("auto", "allgather", "two_stage"),
+        default="auto",
+        help="the strategy's aggregation option whose paths are emulated (auto: GradiVeQ's "
+        "QSGD sampling steps in two stages from 3 workers on)",
+    )
 
 
 def _configure_deepreduce(benchmarks) -> None:

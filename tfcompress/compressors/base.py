@@ -267,6 +267,12 @@ class Compressor:
     #: All-reduce rounds of a summable compressor (see the module docstring):
     #: 1 for every compressor whose payload sum decodes directly; PowerSGD: 2.
     rounds: int = 1
+    #: A non-summable compressor with which some of this compressor's phase
+    #: branches send whole tensors (GradiVeQ's sampling compressor), or
+    #: ``None``. When the aggregation would take that compressor through two
+    #: stages, the strategy asks those branches for their two-stage view
+    #: (``branch(j).staged(num_shards)``, ``None`` for the other branches).
+    staged_phase: Compressor | None = None
 
     #: True when the compressor keeps per-tensor state (counters, memories,
     #: shifts): :meth:`bind` then returns a copy that owns it.

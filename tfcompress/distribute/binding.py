@@ -11,6 +11,8 @@ them all when the strategy's compressor or aggregation changes.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 import tensorflow as tf
 
 from tfcompress import _internal as internal
@@ -31,6 +33,14 @@ class UnitCompressors:
       whole: the compressor of the whole unit (all-reduce and all-gather paths).
       shards: two-stage path: the stage-1 compressor of each shard.
       second: two-stage path: the compressor of the shard this replica owns.
+      staged_shards: for a whole-unit compressor with a
+        :attr:`~tfcompress.compressors.Compressor.staged_phase`: the shards
+        its staged phases are dealt into (0: none are staged).
+      prepare: two-stage path: what the unit's value becomes before it is
+        sharded (default: itself).
+      complete: two-stage path: ``complete(total, gathered)`` of the decoded
+        sum and the second stage's gathered payloads, the unit's result
+        (default: ``total``).
     """
 
     def __init__(
@@ -38,13 +48,35 @@ class UnitCompressors:
         whole: Compressor | None = None,
         shards: tuple[Compressor, ...] | None = None,
         second: Compressor | None = None,
+        staged_shards: int = 0,
+        prepare: Callable[[tf.Tensor], tf.Tensor] | None = None,
+        complete: Callable[[tf.Tensor, Sequence[Payload]], tf.Tensor] | None = None,
     ):
         self.whole = whole
         self.shards = shards
         self.second = second
+        self.staged_shards = staged_shards
+        self.prepare = prepare or (lambda x: x)
+        self.complete = complete or (lambda total, gathered: total)
 
     def branch(self, index: int) -> UnitCompressors:
-        """The views of phase ``index`` of every compressor of the unit."""
+        """The views of phase ``index`` of every compressor of the unit.
+
+        A phase of a whole-unit compressor that sends with its staged phase
+        compressor is returned on the two-stage path (its ``staged`` view).
+        """
+        if self.whole is not None and self.staged_shards:
+            view = self.whole.branch(index)
+            staged = getattr(view, "staged", None)
+            if staged is None:
+                return UnitCompressors(whole=view)
+            parts = staged(self.staged_shards)
+            return UnitCompressors(
+                shards=parts.shards,
+                second=parts.second,
+                prepare=parts.prepare,
+                complete=parts.complete,
+            )
         return UnitCompressors(
             whole=None if self.whole is None else self.whole.branch(index),
             shards=None if self.shards is None else tuple(s.branch(index) for s in self.shards),
@@ -65,7 +97,7 @@ class UnitCompressors:
         """The unit's payloads: one, or one per shard on the two-stage path."""
         if self.shards is None:
             return [self.whole.compress(x)]
-        shards = aggregation.shard(x, len(self.shards))
+        shards = aggregation.shard(self.prepare(x), len(self.shards))
         return [c.compress(s) for c, s in zip(self.shards, shards, strict=True)]
 
     @property
@@ -202,19 +234,28 @@ class Bindings:
         )
 
     def bind_unit(
-        self, key: str, replica_id: int, value: tf.Tensor, two_stage: bool, compressor: Compressor
+        self,
+        key: str,
+        replica_id: int,
+        value: tf.Tensor,
+        two_stage: bool,
+        compressor: Compressor,
+        staged_phases: bool = False,
     ) -> UnitCompressors:
         """The bound compressors of one unit (bucket or tensor) on one local replica.
 
         On the two-stage path every shard has its own stage-1 compressor
         (state per element, like the whole tensor's) and the replica has the
-        second-stage compressor of the shard it owns.
+        second-stage compressor of the shard it owns. ``staged_phases``: the
+        whole-unit compressor's :attr:`~tfcompress.compressors.Compressor.staged_phase`
+        takes the two-stage path in the phases that send with it.
         """
+        n = self._group_size
         if not two_stage:
             return UnitCompressors(
-                whole=self.bind(compressor, key, replica_id, value.shape, value.dtype)
+                whole=self.bind(compressor, key, replica_id, value.shape, value.dtype),
+                staged_shards=n if staged_phases else 0,
             )
-        n = self._group_size
         shape = tf.TensorShape([aggregation.shard_size(value.shape.num_elements(), n)])
         shards = [
             self.bind(compressor, f"{key}/shard{j}", replica_id, shape, value.dtype)

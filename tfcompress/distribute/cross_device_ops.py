@@ -275,9 +275,13 @@ class CompressingCollectiveAllReduce(internal.CollectiveAllReduceHook):
                 bindings.keys(step.values, compressor), step.values, compressor, plan.bucket_bytes
             )
             unit_values = [aggregation.fuse(u, step.values) for u in units]
-            two_stage = plan.uses_two_stage(compressor, internal.group_size_of(self))
+            group_size = internal.group_size_of(self)
+            two_stage = plan.uses_two_stage(compressor, group_size)
+            # A phase that sends with a non-summable compressor (GradiVeQ's sampling)
+            # takes the two-stage path when that compressor would.
+            staged = plan.uses_two_stage(compressor.staged_phase, group_size)
             bound = [
-                bindings.bind_unit(u.key, replica_id, v, two_stage, compressor)
+                bindings.bind_unit(u.key, replica_id, v, two_stage, compressor, staged)
                 for u, v in zip(units, unit_values, strict=True)
             ]
             schedule = bindings.schedule_of(replica_id, compressor)

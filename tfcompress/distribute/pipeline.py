@@ -363,7 +363,7 @@ def two_stage_pack(
         watch.lap("received", payload_tensors([p for ps in gathered for p in ps]))
         gathered = [watch.gate_payloads(ps) for ps in gathered]
         decoded = [
-            aggregation.unshard([u.second.decompress(p) for p in ps], x)
+            u.complete(aggregation.unshard([u.second.decompress(p) for p in ps], x), ps)
             for u, ps, x in zip(units, gathered, xs, strict=True)
         ]
         watch.lap("done", decoded)

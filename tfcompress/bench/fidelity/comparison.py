@@ -49,6 +49,7 @@ def compare(
     generator_options: dict | None = None,
     use_function: bool = True,
     progress: Callable[[str], None] | None = None,
+    aggregation: str = "auto",
 ) -> list[FidelityRun]:
     """GradiVeQ against PowerSGD on one kind of gradients, per worker count.
 
@@ -67,6 +68,7 @@ def compare(
         :func:`make_gradients`.
       use_function: see :func:`run_fidelity`.
       progress: called with a line of progress after every step.
+      aggregation: the strategy's ``aggregation`` option (see :func:`run_fidelity`).
 
     Returns:
       The runs, per worker count: GradiVeQ, PowerSGD, then PowerSGD at equal bytes.
@@ -91,6 +93,7 @@ def compare(
                 kind=kind,
                 use_function=use_function,
                 progress=report,
+                aggregation=aggregation,
             )
 
         gradiveq = run(GradiVeQ(**options), "gradiveq")

@@ -158,6 +158,7 @@ def run_fidelity(
     kind: str | None = None,
     use_function: bool = True,
     progress: Callable[[int], None] | None = None,
+    aggregation: str = "auto",
 ) -> FidelityRun:
     """Aggregates ``gradients`` with ``compressor`` across emulated workers; measures each step.
 
@@ -169,7 +170,10 @@ def run_fidelity(
     views, sums the payload tensors round by round (summable branch:
     ``compress``, ``next_round``..., ``finish`` on every worker) or hands
     every worker all payloads (``aggregate``), and advances the schedules.
-    The measured result is worker 0's decoded sum.
+    A phase the strategy would send in two stages (GradiVeQ's QSGD sampling
+    from 3 workers on with ``aggregation="auto"``) is emulated in two
+    stages: shards, owners' sums re-compressed, every worker decoding the
+    owners' payloads. The measured result is worker 0's decoded sum.
 
     Args:
       compressor: a fresh compressor (phased compressors keep one schedule
@@ -184,6 +188,8 @@ def run_fidelity(
         once per branch, as the cross-device ops run inside the training
         step); False runs eagerly.
       progress: called with the number of steps done after each step.
+      aggregation: the strategy's ``aggregation`` option whose paths are
+        emulated (``"auto"``, ``"allgather"`` or ``"two_stage"``).
 
     Returns:
       The per-step measurements.
@@ -203,7 +209,9 @@ def run_fidelity(
             raise ValueError(f"step {step} has {len(per_worker)} workers; expected {num_workers}")
         if driver is None:
             shapes = [np.shape(g) for g in per_worker[0]]
-            driver = _Driver(tf, TensorContext, compressor, shapes, num_workers, use_function)
+            driver = _Driver(
+                tf, TensorContext, compressor, shapes, num_workers, use_function, aggregation
+            )
         branch = driver.branch_index()
         inputs = [[tf.constant(g, tf.float32) for g in tensors] for tensors in per_worker]
         decoded, nbytes, spread = driver.aggregate(branch, inputs)
@@ -260,8 +268,18 @@ class _Driver:
     TensorFlow only when something runs (the command's parser reads its names).
     """
 
-    def __init__(self, tf, context_cls, compressor, shapes, num_workers, use_function):
+    def __init__(
+        self, tf, context_cls, compressor, shapes, num_workers, use_function, aggregation="auto"
+    ):
+        from tfcompress.planner import Aggregation  # noqa: PLC0415 - TensorFlow when running
+
         self.tf = tf
+        # The shards of a two-stage phase (0: its payloads are all-gathered).
+        self.staged_shards = (
+            num_workers
+            if Aggregation(aggregation).uses_two_stage(compressor.staged_phase, num_workers)
+            else 0
+        )
         self.shapes = [tuple(int(d) for d in s) for s in shapes]
         self.num_workers = num_workers
         # One bound compressor per (worker, tensor), as the cross-device ops bind per
@@ -326,6 +344,16 @@ class _Driver:
         decoded_by_worker = [[] for _ in workers]
         for t in range(len(self.shapes)):
             views = [self.bound[w][t].branch(branch) for w in workers]
+            staged = getattr(views[0], "staged", None) if self.staged_shards else None
+            if staged is not None:
+                decoded = self._two_stages(
+                    [v.staged(self.staged_shards) for v in views],
+                    [inputs[w][t] for w in workers],
+                    nbytes,
+                )
+                for w in workers:
+                    decoded_by_worker[w].append(decoded[w])
+                continue
             own = [views[w].compress(inputs[w][t]) for w in workers]
             for w in workers:
                 nbytes[w] += payload_nbytes(own[w])
@@ -354,6 +382,36 @@ class _Driver:
                 spread, tf.math.divide_no_nan(tf.norm(mine - reference), tf.norm(reference))
             )
         return decoded_by_worker[0], tf.stack(nbytes), spread
+
+    def _two_stages(self, parts, xs, nbytes):
+        """Every worker's decoded sum of a two-stage phase; adds the bytes each one sends.
+
+        As ``distribute.pipeline.two_stage_pack``: worker ``w`` deals its
+        prepared tensor into N shards (shard ``j`` to owner ``j``), each
+        owner sums its shard's N payloads and compresses the sum, and every
+        worker decodes the N owners' payloads. Bytes per worker: its N shard
+        payloads and its owner payload (``planner.paths``' count).
+        """
+        tf = self.tf
+        from tfcompress.compressors import payload_nbytes  # noqa: PLC0415
+        from tfcompress.distribute.aggregation import shard, unshard  # noqa: PLC0415
+
+        workers = range(self.num_workers)
+        sent = []
+        for p, x in zip(parts, xs, strict=True):
+            shards = shard(p.prepare(x), len(p.shards))
+            sent.append([c.compress(s) for c, s in zip(p.shards, shards, strict=True)])
+        second = []
+        for owner in workers:
+            total = parts[owner].shards[owner].aggregate([sent[w][owner] for w in workers])
+            second.append(parts[owner].second.compress(total))
+        for w in workers:
+            nbytes[w] += tf.add_n([payload_nbytes(p) for p in sent[w]])
+            nbytes[w] += payload_nbytes(second[w])
+        return [
+            p.complete(unshard([p.second.decompress(q) for q in second], x), second)
+            for p, x in zip(parts, xs, strict=True)
+        ]
 
 
 def _sum_payloads(tf, payloads):

@@ -72,6 +72,7 @@ def main(args: argparse.Namespace) -> int:
             equal_bytes=args.equal_bytes,
             generator_options=generator_options,
             progress=progress,
+            aggregation=args.aggregation,
         )
         print(file=sys.stderr)
         where = "" if kind in RECORDED_KINDS else f"{args.shapes} shapes, "
@@ -80,7 +81,10 @@ def main(args: argparse.Namespace) -> int:
         tables.append(table)
         results += runs
     given = ", ".join(f"{k}={v!r}" for k, v in options.items())
-    print(f"GradiVeQ({given}); PowerSGD with start_step=0 and error feedback")
+    print(
+        f"GradiVeQ({given}); PowerSGD with start_step=0 and error feedback; "
+        f"aggregation={args.aggregation!r}"
+    )
     if args.out:
         out = pathlib.Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
@@ -89,6 +93,7 @@ def main(args: argparse.Namespace) -> int:
             "gradiveq_options": options,
             "shapes": args.shapes,
             "steps": args.steps,
+            "aggregation": args.aggregation,
             "generator": generator_options,
             "runs": [
                 {

@@ -37,7 +37,13 @@ Branch 0 aggregates through the sampling compressor: 4-bit QSGD by default
 compressed too and the block ratio is not capped at ``(L_t + L_c) / L_t``),
 or exactly with ``sampling="exact"``. Its aggregate is identical on every
 worker (QSGD payloads are gathered and decoded in replica order), so every
-worker fits the same basis from the same inputs.
+worker fits the same basis from the same inputs. From 3 workers on (the
+strategy's ``aggregation="auto"``; always with ``"two_stage"``) the QSGD
+sampling steps take the two-stage path (``GradiVeQ.staged_phase``): shards
+to their owners, the owners' sums sampled again and all-gathered, so each
+worker sends ``2 (N - 1) / N`` of a sampled gradient instead of ``N - 1``;
+the second sampling adds noise (4 workers, recorded MLP gradients: see
+docs/BENCHMARKS.md section 5), and every worker still decodes the same bits.
 
 The fit streams (sampling state: a buffer of at most twice the gradient's
 elements; no buffer of ``L_t`` gradients). Per tensor, ``m`` slices of each

@@ -19,7 +19,14 @@ from tfcompress.compressors.base import Compressor, Payload
 from tfcompress.compressors.gradiveq import handshake
 from tfcompress.ops.checks import invalid_argument, require
 
-__all__ = ["SKETCH", "CompressedBranch", "ExactBranch", "SamplingBranch", "checked_tensors"]
+__all__ = [
+    "SKETCH",
+    "CompressedBranch",
+    "ExactBranch",
+    "SamplingBranch",
+    "StagedSampling",
+    "checked_tensors",
+]
 
 SKETCH = "residual_sketch"
 """The compressed payload's sketch of the dropped residual (``GradiVeQLayer.residual_sketch``)."""
@@ -83,6 +90,62 @@ class SamplingBranch(_Branch):
         )
         total = layer.sampler.aggregate([_without_check(p) for p in payloads])
         return layer.record(total, agreed)
+
+    def staged(self, num_shards: int) -> StagedSampling:
+        """This branch on the two-stage path (see :attr:`GradiVeQ.staged_phase`)."""
+        return StagedSampling(self.layer, num_shards)
+
+
+class StagedSampling:
+    """Branch 0 with the sampling compressor, sent in two stages over ``num_shards`` owners.
+
+    The strategy's two-stage path (``distribute.pipeline.two_stage_pack``)
+    calls :meth:`prepare` on the gradient, deals it into shards and
+    compresses shard ``j`` with ``shards[j]``; the owner of a shard sums the
+    workers' payloads with its ``aggregate`` and compresses the sum with
+    :attr:`second`, whose payload also carries the owner's fingerprint pair
+    (the handshake's check); every worker decodes the owners' payloads and
+    hands their interleaved sum to :meth:`complete`, which records it for
+    the fit. All of them hold the same bits, so they fit the same basis.
+
+    One bound sampler serves every shard and the second stage: its step
+    counter advances ``N + 1`` times per sampling step, the same on every
+    worker, so each call draws fresh noise and nothing new is checkpointed.
+    """
+
+    def __init__(self, layer: Compressor, num_shards: int):
+        self.layer = layer
+        sampler = layer.sampler
+        self.shards = (sampler,) * num_shards
+        self.second = _OwnerSampling(layer)
+
+    def prepare(self, x: tf.Tensor) -> tf.Tensor:
+        """The gradient to shard: ``x`` plus the residual (error feedback), which is cleared."""
+        layer = self.layer
+        x = self.second._check_input(x)  # the dtype check every branch makes
+        values = layer.with_residual(x)
+        with tf.control_dependencies(layer.set_residual(None)):
+            return tf.identity(values)
+
+    def complete(self, total: tf.Tensor, gathered: Sequence[Payload]) -> tf.Tensor:
+        """Records ``total`` (the decoded sum) after checking the owners' fingerprints."""
+        layer = self.layer
+        agreed = handshake.agreed_in_gather(
+            [p.tensors[_CHECK] for p in gathered], layer.local_check()
+        )
+        return layer.record(total, agreed)
+
+
+class _OwnerSampling(_Branch):
+    """A shard owner's second stage: the sampled sum plus the owner's fingerprint pair."""
+
+    def compress(self, x: tf.Tensor) -> Payload:
+        layer = self.layer
+        payload = layer.sampler.compress(x)
+        return payload.replace({**payload.tensors, _CHECK: layer.local_check()})
+
+    def decompress(self, payload: Payload) -> tf.Tensor:
+        return self.layer.sampler.decompress(_without_check(payload))
 
 
 _CHECK = "gradiveq_check"

@@ -125,15 +125,19 @@ class GradiVeQ(Compressor):
         its projection); 0 turns it off.
       slice_size, energy, sample_steps, sample_compressor: aliases of
         ``slice_length``, ``1 - energy_loss``, ``sampling_steps`` and
-        ``sampling``, the names of the design notes.
+        ``sampling``: the public names of the project's design notes
+        (``GradiVeQ(slice_size=..., energy=0.99, sample_steps=100,
+        sample_compressor=...)``), which callers written against them use;
+        kept so those calls keep working, while the longer names say what
+        each option counts.
 
     Raises:
       ValueError: an option outside its valid values (the message names it),
         or an option given together with its alias.
 
     Defaults: 100 warm-up, 40 sampling and 60 compressed steps, then refits
-    of 4 sampling steps, and an early refresh when the local error passes 0.3,
-    for runs of a few hundred steps (the paper's fixed 2500/100/400 is
+    of 4 sampling steps, and an early refresh when the estimated error of
+    the sum passes 0.3, for runs of a few hundred steps (the paper's fixed 2500/100/400 is
     ``GradiVeQ.paper()``),
     4-bit QSGD sampling, a sketch of at most ``min(64, 8 S)`` directions. With warm-up 50 and
     blocks of 20 sampling + 80 compressed steps, 2 workers training a small
@@ -321,6 +325,27 @@ class GradiVeQ(Compressor):
     def num_branches(self) -> int:
         """2: warm-up and sampling (exact or the sampling compressor), then compressed."""
         return 2
+
+    @property
+    def staged_phase(self) -> Compressor | None:  # type: ignore[override]
+        """The sampling compressor when it is unbiased and not summable (QSGD), else ``None``.
+
+        With ``aggregation="auto"`` from 3 workers on (or ``"two_stage"``), the
+        sampling steps then go through two stages: each worker's gradient is
+        dealt into N shards, each shard's owner sums the N sampled shards and
+        samples the sum again, and every worker decodes the owners' payloads.
+        With N workers each one sends ``2 (N - 1) / N`` sampled gradients
+        instead of ``N - 1`` through the all-gather, at the cost of a second
+        round of sampling noise; every worker still decodes the same bits, so
+        the bases fitted from the sums stay identical.
+        """
+        sampler = self._sampler
+        # An unbiased compressor is its own second stage (re-sampling the sum
+        # keeps it unbiased); a biased one would need a memory (ErrorFeedback)
+        # that GradiVeQ does not keep, so it stays on the all-gather.
+        if sampler is None or sampler.summable or not sampler.unbiased:
+            return None
+        return sampler if sampler.fusable and sampler.sums_payloads else None
 
     @property
     def fit_steps(self) -> int:
