@@ -200,8 +200,10 @@ def _private_module(name: str) -> bool:
         "_description",
         "_gpu_plan",
         "_loader",
+        "_prebuilt",
         "_sources",
         "_toolchain",
+        "_wheel",
         "_internal",
     }
 

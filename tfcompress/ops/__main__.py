@@ -5,7 +5,8 @@ build``) compiles the library (CI runs it once before the tests) and prints
 its path; ``--force`` rebuilds it, and retries a build that failed before
 (a failure is otherwise remembered and not retried in every process).
 ``tfcompress ops info`` prints which implementation the ops use, where the
-sources and the library are, and what the build left out.
+sources and the library are (built here, or prebuilt in a platform wheel:
+:mod:`tfcompress.ops._prebuilt`), and what the build left out.
 
 This module is also the ``tfcompress ops`` subcommand (``configure_parser`` /
 ``run_from_args``, see :mod:`tfcompress.cli`) and gives ``tfcompress
@@ -18,11 +19,12 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import os
+import pathlib
 import sys
 from collections.abc import Sequence
 
 import tfcompress
-from tfcompress.ops import _build, _loader
+from tfcompress.ops import _build, _loader, _prebuilt, _toolchain
 from tfcompress.ops.startup_log import quiet_tensorflow_startup
 
 __all__ = ["configure_parser", "main", "run_from_args", "version_text"]
@@ -68,10 +70,16 @@ def _info_command(args: argparse.Namespace) -> int:
         if hint:
             print(f"fix: {hint}")
         return 1 if configured == "kernel" else 0
+    library = _loader.loaded_library_path()
     print("active implementation: kernel")
-    print(f"library: {_loader.loaded_library_path()}")
-    print(f"holds: {_build.summary()}")
-    for item in _build.left_out():
+    origin = (
+        "prebuilt, came with the wheel"
+        if library.parent == _prebuilt.PREBUILT_DIR
+        else "built here"
+    )
+    print(f"library: {library} ({origin})")
+    print(f"holds: {_build.library_summary(library)}")
+    for item in _build.library_left_out(library):
         print(f"left out: {item.message()}")
     return 0
 
@@ -152,14 +160,29 @@ def _distribution_version(names: Sequence[str]) -> str | None:
 def _library_state(tf_version: str | None) -> str:
     if tf_version is None:
         return "not built (TensorFlow is not installed)"
+    prebuilt, mismatch = _prebuilt.find(), None
+    if prebuilt is not None:  # the loader's test, on TensorFlow's recorded facts if any
+        facts = _toolchain.tensorflow_facts(import_tensorflow=False)
+        facts = facts or _toolchain.tensorflow_facts()
+        mismatch = prebuilt.mismatch(_prebuilt.compatibility(facts))
+    fits = prebuilt is not None and mismatch is None
+    fitting = f"prebuilt, came with the wheel: {prebuilt.library}" if fits else ""
     try:
         # The loader's own key (sources, TensorFlow's flags, compiler, GPU
         # plan) from TensorFlow's recorded facts; TensorFlow is imported only
         # when no process has recorded them for this installation yet.
         config = _build.expected_build(import_tensorflow=False) or _build.expected_build()
     except _build.BuildError as error:  # no sources, or no compiler (part of the key)
-        return f"unavailable ({error})"
+        return fitting or f"unavailable ({error})"
     library = _build.library_path(config)
+    if fits and not library.is_file():
+        return fitting
+    unfit = f"; the wheel's prebuilt library does not fit: {mismatch}" if mismatch else ""
+    return _cached_state(config, library) + unfit
+
+
+def _cached_state(config, library: pathlib.Path) -> str:
+    """The state of the cached library of ``config`` (a :class:`Configuration`)."""
     if library.is_file():
         state = f"built, cached at {library}"
         if config.left_out:

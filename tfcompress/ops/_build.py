@@ -42,6 +42,14 @@ reference (:mod:`tfcompress.ops._loader` says so once, with the install hint).
 header exists: the tests simulate a machine without zlib that way;
 ``TFCOMPRESS_OPS_WITHOUT=cuda`` builds no GPU kernels.
 
+A platform wheel (``pip wheel . --no-build-isolation``) carries a library
+built for one TensorFlow (:mod:`tfcompress.ops._prebuilt`):
+:func:`library_for_process`, which the loader calls, returns the cached build
+of this process's configuration when there is one, else the wheel's library
+when it fits this TensorFlow and these sources (no compiler needed), else
+what :func:`build` compiles, after one warning that says why the wheel's
+library does not fit.
+
 Several processes (the workers of one job) may start at the same moment: the
 build is serialised by a lock file in the key directory, and the library is
 compiled to a temporary name and renamed into place, so nobody ever loads a
@@ -64,17 +72,19 @@ build's names from here. The steps live in modules of their own:
   ``build_info.json``;
 * :mod:`tfcompress.ops._cache`: the cache's layout, hashing, lock and failure
   memory;
+* :mod:`tfcompress.ops._prebuilt`: the library a platform wheel carries;
 * :mod:`tfcompress.ops._build_errors`: :class:`BuildError` and its kinds.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import pathlib
 import time
 
-from tfcompress.ops import _cache, _compile, _configuration, _toolchain
+from tfcompress.ops import _cache, _compile, _configuration, _gpu_plan, _prebuilt, _toolchain
 from tfcompress.ops._build_errors import BuildError, CompilerNotFoundError, MissingLibraryError
 from tfcompress.ops._cache import FAILURE_MARKER, LIBRARY_NAME, cache_dir
 from tfcompress.ops._gpu_plan import GPU_ARCHS, GpuBuild
@@ -96,7 +106,10 @@ __all__ = [
     "expected_build",
     "gpu_build",
     "left_out",
+    "library_left_out",
+    "library_for_process",
     "library_path",
+    "library_summary",
     "op_domains",
     "source_root",
     "sources_digest",
@@ -191,6 +204,94 @@ def build(force: bool = False, verbose: bool = False) -> pathlib.Path:
             library,
         )
     return library
+
+
+def library_for_process() -> pathlib.Path:
+    """Returns the library the loader loads, compiling it only when nothing built fits.
+
+    In order: the cached build of this process's configuration (sources,
+    TensorFlow, compiler, GPU plan), when it exists; the library the
+    installed wheel carries, when it fits this TensorFlow and these sources
+    (:meth:`tfcompress.ops._prebuilt.Prebuilt.mismatch`; also when no
+    compiler exists); else :func:`build`, after one warning saying why the
+    wheel's library does not fit (its error then says so too).
+
+    Raises:
+        BuildError: nothing fits and the library cannot be built.
+    """
+    prebuilt = _prebuilt.find()
+    if prebuilt is None:
+        return build()
+    facts = _toolchain.tensorflow_facts()
+    mismatch = prebuilt.mismatch(_prebuilt.compatibility(facts))
+    if mismatch is None:
+        try:
+            cached = _cache.library_file(_configuration.configure(facts).key)
+        except BuildError:  # no compiler (part of the cache key): nothing cached either
+            return prebuilt.library
+        return cached if cached.is_file() else prebuilt.library
+    _log.warning(
+        "tfcompress: not using the op library that came with the wheel (%s): %s; "
+        "building one for this installation instead",
+        prebuilt.library,
+        mismatch,
+    )
+    try:
+        return build()
+    except BuildError as error:
+        raise type(error)(
+            f"{error}\n(the op library that came with the wheel does not fit: {mismatch})",
+            stderr=error.stderr,
+            command=error.command,
+            hint=error.hint,
+            lasting=error.lasting,
+        ) from error
+
+
+def _build_info(library: pathlib.Path) -> dict:
+    try:
+        info = json.loads((library.parent / "build_info.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return info if isinstance(info, dict) else {}
+
+
+def library_summary(library: pathlib.Path) -> str:
+    """One line saying what a built library holds, from the ``build_info.json`` beside it.
+
+    Worded as :func:`summary` (here and now: GPU reasons only where GPUs
+    matter), from what the build recorded; works without a compiler.
+
+    Args:
+        library: a built ``libtfcompress_ops.so`` (cached, or a wheel's).
+    """
+    info = _build_info(library)
+    gpu = info.get("gpu") or {}
+    try:
+        recorded = GpuBuild(
+            domains=tuple(gpu.get("domains", ())),
+            reason=str(gpu.get("reason", "")) or "its build recorded no GPU kernels",
+            nvcc_version=_gpu_plan.release_of(str(gpu.get("nvcc", ""))),
+            archs=tuple(gpu.get("archs", ())),
+        )
+        return recorded.summary(len(info["cpu_domains"]))
+    except (KeyError, TypeError):
+        return str(info.get("summary", "")) or "unknown (no build_info.json beside it)"
+
+
+def library_left_out(library: pathlib.Path) -> tuple[LeftOut, ...]:
+    """What a built library was built without, from the ``build_info.json`` beside it.
+
+    Args:
+        library: a built ``libtfcompress_ops.so``.
+    """
+    try:
+        return tuple(
+            LeftOut(**{**item, "domains": tuple(item["domains"])})
+            for item in _build_info(library).get("left_out", [])
+        )
+    except (TypeError, KeyError):
+        return ()
 
 
 def summary(config: _configuration.Configuration | None = None) -> str:

@@ -5,7 +5,10 @@ library when TensorFlow is a CUDA build and an nvcc of its CUDA major version
 is found (``$CUDA_HOME/bin``, an ``nvidia-cuda-nvcc`` wheel, ``$PATH``) with
 the CUDA headers and runtime beside it; they are compiled for
 :data:`GPU_ARCHS` plus PTX, without fused multiply-add. Otherwise the library
-holds CPU kernels only and :class:`GpuBuild` says why in one line.
+holds CPU kernels only and :class:`GpuBuild` says why in one line; that line
+names the reason (and a CUDA toolkit) only where GPUs matter
+(:func:`gpu_context`: a GPU driver, ``$CUDA_HOME``, or CUDA's pip packages),
+and on a machine without any of them just counts the CPU kernels.
 ``TFCOMPRESS_OPS_WITHOUT=cuda`` builds no GPU kernels.
 
 Bazel's CUDA build (``build_defs/cuda.bzl``) repeats :data:`GPU_ARCHS` and
@@ -24,7 +27,15 @@ from dataclasses import dataclass
 
 from tfcompress.ops import _toolchain
 
-__all__ = ["GPU_ARCHS", "NVCC_FLAGS", "GpuBuild", "nvcc_host_flags", "plan_gpu"]
+__all__ = [
+    "GPU_ARCHS",
+    "NVCC_FLAGS",
+    "GpuBuild",
+    "gpu_context",
+    "nvcc_host_flags",
+    "plan_gpu",
+    "release_of",
+]
 
 GPU_ARCHS = ("sm_80", "sm_90")
 """The GPUs the CUDA kernels are compiled for (A100, H100/H200), as machine code; PTX of the
@@ -85,15 +96,52 @@ class GpuBuild:
     link_flags: tuple[str, ...] = ()
 
     def summary(self, cpu_domains: int) -> str:
-        """One line: what the library holds, e.g. ``CPU kernels for 6 domains; no GPU kernels: ...``."""
+        """One line: what the library holds, e.g. ``CPU kernels for 6 domains; no GPU kernels: ...``.
+
+        Without GPU kernels, the reason is given only where GPUs matter
+        (:func:`gpu_context`); elsewhere the line is ``CPU kernels for 6 domains``.
+        """
         cpu = f"CPU kernels for {cpu_domains} domain{'s' * (cpu_domains != 1)}"
         if not self.domains:
-            return f"{cpu}; no GPU kernels: {self.reason}"
+            return f"{cpu}; no GPU kernels: {self.reason}" if gpu_context() else cpu
         count = len(self.domains)
         return (
             f"{cpu}; GPU kernels for {count} domain{'s' * (count != 1)} "
             f"({', '.join(self.domains)}) with nvcc {self.nvcc_version} ({', '.join(self.archs)})"
         )
+
+
+# Where a machine has an NVIDIA driver.
+_DRIVER_FILES = ("/proc/driver/nvidia/version", "/dev/nvidiactl")
+# CUDA's pip packages (tensorflow[and-cuda], or the build's own), as folders of site-packages.
+_CUDA_PACKAGES = ("cuda_runtime", "cuda_nvcc", "cudnn")
+
+
+def gpu_context() -> str | None:
+    """Why GPUs matter on this machine, or None where they do not.
+
+    They matter where an NVIDIA driver is installed, where ``$CUDA_HOME`` is
+    set, or where CUDA's pip packages are (``tensorflow[and-cuda]`` installs
+    them): there the build's messages say why a library has no GPU kernels
+    and what to install; elsewhere (a CPU machine, even with TensorFlow's
+    CUDA-built wheel) they do not speak of GPUs.
+    """
+    for path in _DRIVER_FILES:
+        if os.path.exists(path):
+            return f"an NVIDIA driver is installed ({path})"
+    if os.environ.get("CUDA_HOME"):
+        return "$CUDA_HOME is set"
+    for entry in sys.path:
+        for package in _CUDA_PACKAGES:
+            if entry and (pathlib.Path(entry) / "nvidia" / package).is_dir():
+                return f"CUDA's pip package {package} is installed ({entry}/nvidia/{package})"
+    return None
+
+
+def release_of(version_line: str) -> str:
+    """``"12.5"`` from nvcc's release line (``"... release 12.5, V12.5.82"``); "" when none."""
+    match = _NVCC_RELEASE.search(version_line)
+    return f"{match[1]}.{match[2]}" if match else ""
 
 
 def _find_nvcc() -> pathlib.Path | None:

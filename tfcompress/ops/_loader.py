@@ -2,7 +2,9 @@
 
 Every op in :mod:`tfcompress.ops` has two implementations that give
 bit-identical results: a C++ kernel (``custom_ops/``, compiled on first use by
-:mod:`tfcompress.ops._build`) and a pure-TensorFlow reference. One switch picks
+:mod:`tfcompress.ops._build`, or prebuilt in a platform wheel when it fits the
+installed TensorFlow: :func:`tfcompress.ops._build.library_for_process`) and a
+pure-TensorFlow reference. One switch picks
 between them:
 
 * the environment variable ``TFCOMPRESS_OPS``: ``auto`` (the default),
@@ -188,7 +190,7 @@ def load_library() -> types.ModuleType:
         try:
             import tensorflow as tf
 
-            path = _build.build()
+            path = _build.library_for_process()
             library = tf.load_op_library(str(path))
         except Exception as error:
             _library_error = error
@@ -201,15 +203,7 @@ def load_library() -> types.ModuleType:
 
 def _read_left_out(path: pathlib.Path) -> dict[str, _build.LeftOut]:
     """The domains a built library lacks, from the ``build_info.json`` beside it."""
-    try:
-        info = json.loads((path.parent / "build_info.json").read_text())
-        items = [
-            _build.LeftOut(**{**item, "domains": tuple(item["domains"])})
-            for item in info.get("left_out", [])
-        ]
-    except (OSError, ValueError, TypeError, KeyError):
-        return {}
-    return {domain: item for item in items for domain in item.domains}
+    return {domain: item for item in _build.library_left_out(path) for domain in item.domains}
 
 
 def _read_gpu(path: pathlib.Path) -> None:
