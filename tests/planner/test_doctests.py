@@ -4,12 +4,21 @@ import doctest
 
 import pytest
 
-from tfcompress.planner import advice, alpha_beta, calibration, candidates, cost, link, paths
+from tfcompress.planner import (
+    advice,
+    alpha_beta,
+    autoplan,
+    calibration,
+    candidates,
+    cost,
+    link,
+    paths,
+)
 
 
 @pytest.mark.parametrize(
     "module",
-    [advice, alpha_beta, calibration, candidates, cost, link, paths],
+    [advice, alpha_beta, autoplan, calibration, candidates, cost, link, paths],
     ids=lambda m: m.__name__,
 )
 def test_docstring_examples(module):

@@ -21,6 +21,7 @@ from tfcompress.compressors import registry
 from tfcompress.compressors.base import Compressor
 from tfcompress.distribute import keras3_multiworker
 from tfcompress.distribute.aggregation import Aggregation, supports_two_stage
+from tfcompress.distribute.auto import AutoRules, auto_rules, plan_metrics
 from tfcompress.distribute.checkpointing import CompressionState
 from tfcompress.distribute.cross_device_ops import (
     CompressingCollectiveAllReduce,
@@ -35,6 +36,7 @@ from tfcompress.distribute.settings import (
     settings_items,
     worker_settings_text,
 )
+from tfcompress.planner.autoplan import Auto
 
 _log = logging.getLogger(__name__)
 
@@ -55,7 +57,15 @@ __all__ = [
 
 
 def _compressor_of(compression, **options) -> Compressor | CompressionRules | None:
-    """A compressor from a name or instance; per-tensor rules as they are."""
+    """A compressor from a name or instance; per-tensor rules as they are; ``"auto"``'s rules."""
+    rules = auto_rules(compression)
+    if rules is not None:
+        if options:
+            raise ValueError(
+                "compression='auto' takes no options here; use "
+                "tfcompress.planner.auto(accuracy=..., bandwidth=..., latency=...)"
+            )
+        return rules
     if isinstance(compression, CompressionRules):
         if options:
             raise ValueError("options are only accepted together with a compressor name")
@@ -77,7 +87,7 @@ def _resolve(compression, policy) -> tuple[Compressor | None, CompressionPolicy]
 
 
 def MultiWorkerMirroredStrategy(  # noqa: N802 - mirrors tf.distribute's class name
-    compression: Compressor | CompressionRules | str | None = None,
+    compression: Compressor | CompressionRules | Auto | str | None = None,
     cluster_resolver: tf.distribute.cluster_resolver.ClusterResolver | None = None,
     communication_options: tf.distribute.experimental.CommunicationOptions | None = None,
     policy: CompressionPolicy | int | None = None,
@@ -95,8 +105,10 @@ def MultiWorkerMirroredStrategy(  # noqa: N802 - mirrors tf.distribute's class n
 
     Args:
       compression: a compressor, a registry name (``"fp16"``), per-tensor
-        :class:`~tfcompress.distribute.CompressionRules`, or ``None`` for
-        exact aggregation (traffic is still counted).
+        :class:`~tfcompress.distribute.CompressionRules`, ``None`` for
+        exact aggregation (traffic is still counted), or ``"auto"`` /
+        ``tfcompress.planner.auto(...)``: per gradient shape, the safe
+        candidate of least predicted time (:mod:`tfcompress.planner.autoplan`).
       cluster_resolver: as in TensorFlow.
       communication_options: as in TensorFlow (implementation, timeout,
         bytes per pack); they apply to the compressed payloads too. A
@@ -131,7 +143,7 @@ def MultiWorkerMirroredStrategy(  # noqa: N802 - mirrors tf.distribute's class n
 
 def MirroredStrategy(  # noqa: N802 - mirrors tf.distribute's class name
     devices: Sequence[str] | None = None,
-    compression: Compressor | CompressionRules | str | None = None,
+    compression: Compressor | CompressionRules | Auto | str | None = None,
     policy: CompressionPolicy | int | None = None,
     communication_options: tf.distribute.experimental.CommunicationOptions | None = None,
     aggregation: Aggregation | str = "auto",
@@ -145,7 +157,7 @@ def MirroredStrategy(  # noqa: N802 - mirrors tf.distribute's class name
     Args:
       devices: device names; default all local GPUs, else the CPU.
       compression: a compressor, a registry name, :class:`~tfcompress.distribute.CompressionRules`,
-        or ``None``.
+        ``None`` or ``"auto"`` (as in :func:`MultiWorkerMirroredStrategy`).
       policy: as in :func:`MultiWorkerMirroredStrategy`.
       communication_options: collective options.
       aggregation: as in :func:`MultiWorkerMirroredStrategy`.
@@ -188,6 +200,13 @@ def _install(strategy, compressor, policy, aggregation: Aggregation) -> None:
     )
     _say_when_two_stage_does_not_apply(handle)
     _say_when_nothing_is_compressed(strategy)
+    _prepare_auto(strategy, handle)
+
+
+def _prepare_auto(strategy, handle: CompressionHandle) -> None:
+    """``compression="auto"``: makes the planner's inputs the same on every worker (a collective)."""
+    if isinstance(handle.compressor, AutoRules):
+        handle.compressor.prepare(strategy, handle.policy, handle.aggregation)
 
 
 def _say_when_two_stage_does_not_apply(handle: CompressionHandle) -> None:
@@ -229,7 +248,7 @@ def _say_when_nothing_is_compressed(strategy) -> None:
 
 def set_compression(
     strategy,
-    compression: Compressor | CompressionRules | str | None,
+    compression: Compressor | CompressionRules | Auto | str | None,
     aggregation: Aggregation | str | None = None,
     **options,
 ) -> None:
@@ -250,7 +269,8 @@ def set_compression(
     Args:
       strategy: a strategy made by a tfcompress factory.
       compression: the new compressor, a registry name,
-        :class:`~tfcompress.distribute.CompressionRules`, or ``None`` (exact).
+        :class:`~tfcompress.distribute.CompressionRules`, ``None`` (exact), or
+        ``"auto"`` (the link is measured and the plan made anew).
       aggregation: a new aggregation mode or :class:`Aggregation`; ``None``
         keeps the current one.
       **options: options for a compressor given by name.
@@ -272,6 +292,7 @@ def set_compression(
     )
     handle.set_compressor(compressor, aggregation)
     _say_when_two_stage_does_not_apply(handle)
+    _prepare_auto(strategy, handle)
 
 
 def check_settings(strategy, extra: Mapping[str, object] | None = None) -> None:
@@ -392,14 +413,21 @@ def compression_metrics(strategy) -> dict[str, float]:
 
     Returns:
       name -> float; empty before the first step or for stateless compressors.
+      With ``compression="auto"`` also ``auto_shapes_planned`` and
+      ``auto_shapes_compressed``: distinct gradient shapes planned so far and
+      those given a compressor (the plan itself:
+      ``tfcompress.distribute.auto.plan_of(strategy)``).
     """
-    _handle(strategy)
+    handle = _handle(strategy)
     ops = internal.cross_device_ops_of(strategy)
     totals: dict[str, list[float]] = {}
     for bound in ops.bound_compressors.values():
         for name, value in bound.metrics().items():
             totals.setdefault(name, []).append(float(value))
-    return {name: sum(values) / len(values) for name, values in totals.items()}
+    metrics = {name: sum(values) / len(values) for name, values in totals.items()}
+    if isinstance(handle.compressor, AutoRules):
+        metrics.update(plan_metrics(handle.compressor))
+    return metrics
 
 
 def aggregation_timeline(strategy):

@@ -12,7 +12,8 @@ and :mod:`~tfcompress.planner.alpha_beta` (the collectives' formulas) <-
 :mod:`~tfcompress.planner.paths` (paths, buckets, packs and bytes, shared with
 the strategy) and :mod:`~tfcompress.planner.candidates` (the safe set) <-
 :mod:`~tfcompress.planner.calibration` <- :mod:`~tfcompress.planner.cost`
-(``predict``) <- :mod:`~tfcompress.planner.advice` <- this package, which only re-exports,
+(``predict``) <- :mod:`~tfcompress.planner.advice` and
+:mod:`~tfcompress.planner.autoplan` (``compression="auto"``'s choice) <- this package, which only re-exports,
 on first attribute access, so that importing :mod:`tfcompress.planner.link`
 does not import TensorFlow.
 """
@@ -22,6 +23,7 @@ import importlib
 # Module -> the public names it defines, imported when first asked for.
 _EXPORTS: dict[str, tuple[str, ...]] = {
     "advice": ("Advice", "Candidate", "advise"),
+    "autoplan": ("Auto", "auto"),
     "calibration": ("Calibration", "CompressorCosts", "calibrate"),
     "candidates": ("safe_candidates",),
     "link": ("DEFAULT_LATENCY", "format_rate", "parse_rate"),
@@ -29,7 +31,16 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "cost": ("Prediction", "UnitRow", "predict", "tensor_specs"),
 }
 
-_SUBMODULES = ("advice", "alpha_beta", "calibration", "candidates", "cost", "link", "paths")
+_SUBMODULES = (
+    "advice",
+    "alpha_beta",
+    "autoplan",
+    "calibration",
+    "candidates",
+    "cost",
+    "link",
+    "paths",
+)
 
 __all__ = sorted(name for names in _EXPORTS.values() for name in names)
 

@@ -54,13 +54,19 @@ VARIANTS: dict[str, Variant] = {
     "qsgd 4-bit": Variant("qsgd", {"bits": 4, "seed": 1}),
     "topk 1% + EF": Variant("topk", {"ratio": 0.01}, "error_feedback"),
     "diana(qsgd 4-bit)": Variant("qsgd", {"bits": 4, "seed": 1}, "diana"),
-    "deepreduce": Variant("deepreduce", {"index_codec": "bloom", "value_codec": "qsgd"}),
+    # TopK 1% without DeepReduce()'s density warm-up: the rate after it.
+    "deepreduce": Variant(
+        "deepreduce", {"sparsifier": "topk", "index_codec": "bloom", "value_codec": "qsgd"}
+    ),
     # Two all-reduce rounds per call; compressed from the first (the trace) call on.
     "powersgd rank 2": Variant("powersgd", {"rank": 2, "start_step": 0}),
     "powersgd rank 4": Variant("powersgd", {"rank": 4, "start_step": 0}),
     # Phased: the one exact warm-up step is the untimed trace call (package docstring).
     "gradiveq": Variant("gradiveq", {"warmup_steps": 1}),
     "gradiveq paper": Variant("gradiveq", {"warmup_steps": 1}, preset="GradiVeQ.paper"),
+    # compression="auto": per shape, the safe candidate of least predicted time
+    # (tfcompress.planner.autoplan), the link measured by a probe at set_compression.
+    "auto": Variant("auto", {}),
 }
 
 #: Opt-in variants: phased, slow to bring to their compressed phase (package docstring).
@@ -107,13 +113,18 @@ def make_compressor(label: str):
 
     Returns:
       The compressor; ``None`` for uncompressed; ``"unavailable"`` when its
-      compressor or wrapper is not registered in this build.
+      compressor or wrapper is not registered in this build; for ``"auto"``
+      the strategy's ``compression="auto"`` rules.
     """
     from tfcompress import compressors  # noqa: PLC0415
 
     variant = VARIANTS[label]
     if variant.name is None:
         return None
+    if variant.name == "auto":
+        from tfcompress.distribute.auto import auto_rules  # noqa: PLC0415
+
+        return auto_rules("auto")
     wrapper = variant.wrapper
     if variant.name not in compressors.available() or (
         wrapper and wrapper not in compressors.available()

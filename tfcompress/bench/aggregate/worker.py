@@ -69,7 +69,7 @@ def worker_main(argv: list[str]) -> int:
     import tfcompress  # noqa: PLC0415
     from tfcompress.bench.cluster import task_rank  # noqa: PLC0415
     from tfcompress.bench.models import gradient_shapes  # noqa: PLC0415
-    from tfcompress.distribute import Aggregation  # noqa: PLC0415
+    from tfcompress.distribute import Aggregation, CompressionRules  # noqa: PLC0415
 
     strategy = tfcompress.distribute.MultiWorkerMirroredStrategy(compression=None)
 
@@ -246,12 +246,15 @@ def worker_main(argv: list[str]) -> int:
         for setting in settings:
             compressor = make_compressor(label)  # fresh: no state or bindings from another row
             aggregation = Aggregation(**AGGREGATIONS[setting])
-            fusable = compressor is not None and compressor.fusable
-            key = (
-                aggregation.uses_two_stage(compressor, n),
-                aggregation.bucket_bytes if fusable else 0,
-                aggregation.pack_bytes if compressor is not None else 0,  # nothing to pack
-            )
+            if isinstance(compressor, CompressionRules):  # "auto": chosen per tensor
+                key = (setting,)
+            else:
+                fusable = compressor is not None and compressor.fusable
+                key = (
+                    aggregation.uses_two_stage(compressor, n),
+                    aggregation.bucket_bytes if fusable else 0,
+                    aggregation.pack_bytes if compressor is not None else 0,  # nothing to pack
+                )
             if key in measured:
                 row = {
                     **measured[key],

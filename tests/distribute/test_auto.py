@@ -1,0 +1,146 @@
+"""compression="auto" on the strategy factories (tfcompress.distribute.auto)."""
+
+import json
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfcompress
+from tests.distribute.test_mirrored import DEVICES, local
+from tests.planner.helpers import assumed_calibration
+from tfcompress.distribute import auto as distribute_auto
+from tfcompress.distribute.auto import AutoRules, plan_of, share_inputs
+
+SHAPES = [(512, 512), (3, 3, 16, 16), (64,)]
+
+
+@pytest.fixture
+def stated_costs(monkeypatch):
+    """The strategy's calibration: stated costs (no timing in the unit tests)."""
+    monkeypatch.setattr(
+        distribute_auto, "calibrate", lambda compressors=None: assumed_calibration()
+    )
+
+
+def sum_step(strategy):
+    @tf.function
+    def step():
+        def replica_fn():
+            ctx = tf.distribute.get_replica_context()
+            scale = tf.cast(ctx.replica_id_in_sync_group + 1, tf.float32)
+            grads = [
+                tf.sin(tf.reshape(tf.range(np.prod(s), dtype=tf.float32), s)) * scale
+                for s in SHAPES
+            ]
+            return ctx.all_reduce("sum", grads)
+
+        return strategy.run(replica_fn)
+
+    return [local(r) for r in step()]
+
+
+def test_mirrored_auto_plans_each_shape_once_and_routes_through_rules(stated_costs):
+    strategy = tfcompress.distribute.MirroredStrategy(
+        DEVICES, compression=tfcompress.planner.auto(bandwidth="100mbit", latency=0.001)
+    )
+    rules = tfcompress.distribute.compression_of(strategy)
+    assert isinstance(rules, AutoRules) and isinstance(
+        rules, tfcompress.distribute.CompressionRules
+    )
+    big, kernel, bias = sum_step(strategy)
+    plan = plan_of(strategy)
+    # The bias is below the policy's min_size: not planned, exact.
+    assert list(plan.choices) == ["float32[512, 512]", "float32[3, 3, 16, 16]"]
+    assert plan.choices["float32[512, 512]"].label != "none"
+    want = [np.sin(np.arange(np.prod(s), dtype=np.float32)).reshape(s) * 3 for s in SHAPES]
+    np.testing.assert_allclose(bias[0], want[2], rtol=1e-6)
+    if plan.choices["float32[3, 3, 16, 16]"].label == "none":
+        np.testing.assert_allclose(kernel[0], want[1], rtol=1e-6)
+    metrics = tfcompress.distribute.compression_metrics(strategy)
+    assert metrics["auto_shapes_planned"] == 2.0
+    assert metrics["auto_shapes_compressed"] == sum(
+        c.label != "none" for c in plan.choices.values()
+    )
+    sum_step(strategy)  # a second trace plans nothing new
+    assert len(plan_of(strategy).choices) == 2
+    stats = tfcompress.distribute.traffic_stats(strategy)
+    assert stats["bytes_sent"] < stats["bytes_uncompressed"]
+
+
+def test_a_link_that_makes_bytes_free_keeps_everything_exact(stated_costs):
+    strategy = tfcompress.distribute.MirroredStrategy(
+        DEVICES, compression=tfcompress.planner.auto(bandwidth="1tbit", latency=1e-6)
+    )
+    big, kernel, _ = sum_step(strategy)
+    assert {c.label for c in plan_of(strategy).choices.values()} == {"none"}
+    stats = tfcompress.distribute.traffic_stats(strategy)
+    assert stats["bytes_sent"] == stats["bytes_uncompressed"]
+
+
+def test_the_string_auto_measures_the_link_with_a_probe(stated_costs):
+    strategy = tfcompress.distribute.MirroredStrategy(DEVICES, compression="auto")
+    plan = plan_of(strategy)
+    assert plan.workers == 2 and plan.bandwidth > 0 and plan.latency >= 0
+    assert repr(tfcompress.distribute.compression_of(strategy)) == "auto(accuracy='safe')"
+
+
+def test_multi_worker_factory_accepts_auto_on_one_worker(stated_costs):
+    strategy = tfcompress.distribute.MultiWorkerMirroredStrategy(compression="auto")
+    plan = plan_of(strategy)
+    # One replica: nothing crosses a wire, nothing is probed, nothing pays.
+    assert plan.workers == 1 and plan.bandwidth == 1e12
+
+
+def test_set_compression_to_auto_and_back(stated_costs):
+    strategy = tfcompress.distribute.MirroredStrategy(DEVICES, compression="fp16")
+    assert plan_of(strategy) is None
+    tfcompress.distribute.set_compression(strategy, tfcompress.planner.auto(bandwidth="10mbit"))
+    sum_step(strategy)
+    assert plan_of(strategy).choices["float32[512, 512]"].label != "none"
+    tfcompress.distribute.set_compression(strategy, None)
+    assert plan_of(strategy) is None
+
+
+def test_bad_auto_inputs_give_clear_errors(stated_costs):
+    with pytest.raises(ValueError, match="takes no options"):
+        tfcompress.distribute.set_compression(
+            tfcompress.distribute.MirroredStrategy(DEVICES), "auto", bits=4
+        )
+    with pytest.raises(ValueError, match="accuracy"):
+        tfcompress.distribute.MirroredStrategy(
+            DEVICES, compression=tfcompress.planner.auto("reckless")
+        )
+    with pytest.raises(ValueError, match=r"auto\(bandwidth=\.\.\.\)"):
+        tfcompress.planner.auto(bandwidth="100 mb")
+    with pytest.raises(RuntimeError, match="planned by the strategy"):
+        distribute_auto.auto_rules("auto").select(tf.zeros([64, 64]))
+
+
+def test_share_inputs_on_one_worker_keeps_them_and_restricts_the_costs():
+    strategy = tfcompress.distribute.MirroredStrategy(DEVICES)
+    rules = distribute_auto.auto_rules("auto")
+    rate, latency, shared = share_inputs(
+        strategy, 1e8, 0.002, assumed_calibration(), rules.candidates
+    )
+    assert (rate, latency) == (1e8, 0.002)
+    qsgd = rules.candidates["qsgd 4-bit"]
+    assert shared.costs_of(qsgd) == assumed_calibration().costs_of(qsgd)
+    assert shared.default is None and len(shared.costs) >= 5
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_two_workers_with_different_links_and_calibrations_make_one_plan(tmp_path):
+    """Worker 1 is told a 100x faster link and calibrates 1000x slower: both plan as
+    worker 0's costs at the slower link say, and their sums agree."""
+    from tests.multiworker import run_workers  # noqa: PLC0415
+
+    run_workers("auto_worker.py", ["--out", str(tmp_path)], timeout=240)
+    w0, w1 = (json.loads((tmp_path / f"worker{i}.json").read_text()) for i in range(2))
+    assert w0["plan_text"] == w1["plan_text"], (w0["plan_text"], w1["plan_text"])
+    assert w0["plan"]["bandwidth"] == 1e8  # the slower of the two links
+    labels = {c["key"]: c["label"] for c in w0["plan"]["choices"]}
+    assert labels["float32[512, 512]"] != "none", w0["plan_text"]
+    assert w0["digests"] == w1["digests"]
+    assert w0["stats"]["bytes_sent"] < w0["stats"]["bytes_uncompressed"]

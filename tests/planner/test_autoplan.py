@@ -1,0 +1,194 @@
+"""compression="auto"'s choice (tfcompress.planner.autoplan) on hand-made costs."""
+
+import math
+
+import pytest
+
+from tests.planner.helpers import assumed_calibration
+from tfcompress.compressors import FP16
+from tfcompress.planner import Auto, auto
+from tfcompress.planner.autoplan import Choice, Plan, auto_candidates, choose, timed_compressors
+
+N = 1_000_000  # elements of the hand-computed tensor: float32[1000, 1000]
+
+
+def test_marginal_seconds_follow_the_formulas_by_hand():
+    """none: the ring's bytes only; fp16: encode + decode + ring(2 bytes/element) + its latency."""
+    choice = choose(
+        (1000, 1000),
+        "float32",
+        {"none": None, "fp16": FP16()},
+        workers=2,
+        bandwidth=1e8,
+        latency=0.001,
+        calibration=assumed_calibration(),
+    )
+    none = 2 * 1 / 2 * 8 * 4 * N / 1e8  # 0.32 s, the latency paid anyway
+    encode = 1e-5 + 1e-9 * N
+    decode = 2e-5 + N * (2e-9 + 1e-9)  # one summed payload
+    fp16 = encode + decode + 2 * 1 / 2 * 8 * 2 * N / 1e8 + 2 * 1 * 0.001
+    assert choice.candidates["none"] == pytest.approx(none)
+    assert choice.candidates["fp16"] == pytest.approx(fp16)
+    assert (choice.label, choice.seconds, choice.none_seconds) == (
+        "fp16",
+        choice.candidates["fp16"],
+        choice.none_seconds,
+    )
+    assert "fp16" in choice.text() and "faster than none" in choice.text()
+
+
+def test_a_candidate_chosen_before_shares_its_collectives_latency():
+    """Greedy: the first shape to pick fp16 pays its ring's 2 (N-1) alpha, the next ones not."""
+    args = dict(workers=2, bandwidth=1e8, latency=0.001, calibration=assumed_calibration())
+    candidates = {"none": None, "fp16": FP16()}
+    first = choose((1000, 1000), "float32", candidates, **args)
+    later = choose((1000, 1000), "float32", candidates, shared={"fp16"}, **args)
+    assert first.candidates["fp16"] - later.candidates["fp16"] == pytest.approx(2 * 1 * 0.001)
+    assert later.candidates["none"] == first.candidates["none"]
+
+
+def test_a_fast_link_keeps_tensors_exact_and_a_slow_one_compresses_them():
+    calibration = assumed_calibration()
+    candidates = auto_candidates()
+    fast = choose(
+        (1000, 1000),
+        "float32",
+        candidates,
+        workers=2,
+        bandwidth="400gbit",
+        latency=1e-5,
+        calibration=calibration,
+    )
+    slow = choose(
+        (1000, 1000),
+        "float32",
+        candidates,
+        workers=2,
+        bandwidth="100mbit",
+        latency=1e-5,
+        calibration=calibration,
+    )
+    assert fast.label == "none" and "does not pay" in fast.text()
+    assert slow.label not in ("none", "fp16")
+    assert slow.seconds == min(slow.candidates.values()) < slow.none_seconds / 4
+
+
+def test_ties_and_a_single_replica_choose_none():
+    """One replica sends nothing: any compute loses, and free compute ties (none wins)."""
+    one = choose(
+        (64, 64),
+        "float32",
+        auto_candidates(),
+        workers=1,
+        bandwidth="1gbit",
+        latency=None,
+        calibration=assumed_calibration(),
+    )
+    assert one.label == "none" and one.none_seconds == 0.0
+    free = assumed_calibration(
+        encode_per_element=0,
+        decode_per_element=0,
+        encode_fixed=0,
+        decode_fixed=0,
+        decode_per_payload_element=0,
+    )
+    tie = choose(
+        (64, 64),
+        "float32",
+        {"none": None, "fp16": FP16()},
+        workers=1,
+        bandwidth="1gbit",
+        latency=0,
+        calibration=free,
+    )
+    assert tie.candidates == {"none": 0.0, "fp16": 0.0} and tie.label == "none"
+
+
+def test_every_candidate_is_priced_below_the_policy_size_too():
+    """choose() prices a small float64 vector with every candidate (the policy decides apart)."""
+    choice = choose(
+        (64,),
+        "float64",
+        auto_candidates(),
+        workers=2,
+        bandwidth="10mbit",
+        latency=0,
+        calibration=assumed_calibration(),
+    )
+    assert all(math.isfinite(s) and s > 0 for s in choice.candidates.values())
+    assert choice.seconds == min(choice.candidates.values())
+
+
+def test_the_choice_depends_only_on_its_inputs():
+    args = dict(workers=4, bandwidth="1gbit", latency=0.002, calibration=assumed_calibration())
+    first = choose((3, 3, 64, 64), "float32", auto_candidates(), **args)
+    again = choose((3, 3, 64, 64), "float32", auto_candidates(), **args)
+    assert first == again
+
+
+def test_plan_text_lists_every_choice_after_the_setting():
+    plan = Plan(workers=2, bandwidth=1e8, latency=0.002)
+    plan.choices["float32[4]"] = Choice("float32[4]", "none", 1e-6, 1e-6, {"none": 1e-6})
+    lines = plan.text().splitlines()
+    assert lines[0] == "auto plan for 2 replicas at 100 Mbit/s, latency 2.000 ms"
+    assert (
+        lines[1].startswith("float32[4] -> none")
+        and plan.as_dict()["choices"][0]["label"] == "none"
+    )
+
+
+def test_aggressive_adds_candidates_and_every_candidate_is_calibrated():
+    safe, aggressive = auto_candidates("safe"), auto_candidates("aggressive")
+    assert list(safe) == [
+        "none",
+        "fp16",
+        "qsgd 4-bit",
+        "qsgd 8-bit",
+        "powersgd rank 4",
+        "ef(topk 1%)",
+    ]
+    assert list(aggressive)[: len(safe)] == list(safe) and len(aggressive) == len(safe) + 3
+    names = [repr(c) for c in timed_compressors(safe.values())]
+    assert all(repr(c) in names for c in safe.values() if c is not None)
+
+
+@pytest.mark.parametrize(
+    "kwargs, option",
+    [
+        ({"accuracy": "reckless"}, "accuracy"),
+        ({"bandwidth": "fast"}, "auto(bandwidth=...)"),
+        ({"bandwidth": -5}, "auto(bandwidth=...)"),
+        ({"latency": -1.0}, "auto(latency=...)"),
+    ],
+)
+def test_bad_options_name_themselves(kwargs, option):
+    with pytest.raises(ValueError, match=option.replace("(", r"\(").replace(")", r"\)")):
+        auto(**kwargs)
+
+
+def test_auto_object_and_rate():
+    assert auto("aggressive", bandwidth="1gbit") == Auto("aggressive", "1gbit")
+    assert Auto().rate is None and Auto(bandwidth=5e8).rate == 5e8
+
+
+def test_choose_needs_the_uncompressed_baseline():
+    with pytest.raises(ValueError, match="'none'"):
+        choose(
+            (64, 64),
+            "float32",
+            {"fp16": FP16()},
+            workers=2,
+            bandwidth="1gbit",
+            latency=None,
+            calibration=assumed_calibration(),
+        )
+    with pytest.raises(ValueError, match="workers"):
+        choose(
+            (64, 64),
+            "float32",
+            auto_candidates(),
+            workers=0,
+            bandwidth="1gbit",
+            latency=None,
+            calibration=assumed_calibration(),
+        )

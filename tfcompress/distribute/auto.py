@@ -1,0 +1,287 @@
+"""``compression="auto"`` on a strategy: shared inputs, then the planner's choice per shape.
+
+:func:`auto_rules` turns ``"auto"`` (or a :class:`tfcompress.planner.autoplan.Auto`)
+into :class:`AutoRules`, a :class:`~tfcompress.distribute.CompressionRules`
+with one rule per candidate whose :meth:`AutoRules.select` asks the planner
+(:func:`tfcompress.planner.autoplan.choose`) the first time it meets a
+gradient's dtype and shape. Everything after the choice (the policy, the
+groups per compressor, state and checkpoint keys ``rule<i>/...``, paths) is
+the rules' machinery.
+
+At strategy creation the factory calls :meth:`AutoRules.prepare`, eagerly on
+every worker, which makes the planner's inputs identical everywhere with
+one gather of a few numbers per replica:
+
+* the link: each worker's ``bandwidth=``/``latency=`` if given, else what a
+  probe collective measured (:func:`probe_link`); the plan takes the least
+  rate and the greatest latency over workers;
+* the compute costs: each worker's calibration (cached per machine,
+  :func:`tfcompress.planner.calibrate`); the plan takes worker 0's.
+
+The choice is a pure function of those shared inputs, the shape, the replica
+count and the aggregation settings (which the settings check already
+compares), so every worker plans the same without a collective at trace time.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+
+import numpy as np
+import tensorflow as tf
+
+from tfcompress import _internal as internal
+from tfcompress.compressors.base import Compressor
+from tfcompress.distribute.aggregation import Aggregation
+from tfcompress.distribute.policy import CompressionPolicy
+from tfcompress.distribute.rules import CompressionRules, TensorMatcher
+from tfcompress.planner import autoplan as planner_auto
+from tfcompress.planner.autoplan import Auto, Plan, timed_compressors
+from tfcompress.planner.calibration import Calibration, CompressorCosts, calibrate
+from tfcompress.planner.link import MAX_RATE, MIN_RATE, format_rate, latency_seconds
+
+__all__ = ["AutoRules", "auto_rules", "plan_of", "probe_link", "share_inputs"]
+
+_log = logging.getLogger(__name__)
+
+_FLOAT_DTYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64)
+
+#: Elements per replica of the probe's small and large gathers (float32).
+PROBE_ELEMENTS = (256, 1 << 18)
+#: Timed gathers per size (after one untimed one); the median counts.
+PROBE_REPEATS = 5
+
+_COST_FIELDS = (
+    "encode_fixed",
+    "encode_per_element",
+    "decode_fixed",
+    "decode_per_element",
+    "decode_per_payload_element",
+)
+
+
+def auto_rules(compression) -> AutoRules | None:
+    """:class:`AutoRules` for ``"auto"`` or an ``Auto``; ``None`` for anything else."""
+    if isinstance(compression, Auto):
+        return AutoRules(compression)
+    if isinstance(compression, str) and compression.strip().lower() == "auto":
+        return AutoRules(Auto())
+    return None
+
+
+class AutoRules(CompressionRules):
+    """Per-tensor rules whose choice the planner makes (see the module docstring).
+
+    Args:
+      options: the :class:`~tfcompress.planner.autoplan.Auto` options.
+
+    The rules are one per compressed candidate, in the candidates' order;
+    their matchers are never consulted (:meth:`select` decides). Until
+    :meth:`prepare` has run, :meth:`select` raises.
+    """
+
+    def __init__(self, options: Auto):
+        self.options = options
+        self.candidates: dict[str, Compressor | None] = options.candidates()
+        compressed = [c for c in self.candidates.values() if c is not None]
+        # max_size=0: a matcher that would match empty tensors only; select() decides.
+        super().__init__([(TensorMatcher(max_size=0), c) for c in compressed], default=None)
+        self._label_of = {id(c): label for label, c in self.candidates.items() if c is not None}
+        self.plan: Plan | None = None
+        self._calibration: Calibration | None = None
+        self._aggregation = Aggregation()
+        self._policy = CompressionPolicy()
+
+    # -- shared inputs ----------------------------------------------------------------------
+
+    def prepare(self, strategy, policy: CompressionPolicy, aggregation: Aggregation) -> Plan:
+        """Measures or takes the link, calibrates, and shares the inputs across workers.
+
+        A collective on a multi-worker strategy: every worker calls it
+        eagerly at the same point (the factories and ``set_compression`` do).
+
+        Returns:
+          The (empty) plan, with the shared link.
+        """
+        workers = strategy.num_replicas_in_sync
+        rate, alpha = self.options.rate, self.options.latency
+        if rate is None and workers > 1:
+            rate, measured_alpha = probe_link(strategy)
+            alpha = measured_alpha if alpha is None else alpha
+        rate = float(MAX_RATE) if rate is None else rate
+        alpha = latency_seconds(alpha)
+        local = calibrate(self.candidates.values())
+        rate, alpha, calibration = share_inputs(strategy, rate, alpha, local, self.candidates)
+        self._calibration = calibration
+        self._policy = policy
+        self._aggregation = aggregation
+        self.plan = Plan(workers=workers, bandwidth=rate, latency=alpha)
+        _log.info(
+            "tfcompress: compression='auto' plans for %d replicas at %s, latency %.3f ms "
+            "(%s), costs of worker 0's calibration",
+            workers,
+            format_rate(rate),
+            alpha * 1e3,
+            "given" if self.options.bandwidth is not None else "measured by a probe",
+        )
+        return self.plan
+
+    # -- the choice -------------------------------------------------------------------------
+
+    def select(self, value, name: str | None = None) -> Compressor | None:
+        """The planned compressor of ``value``'s dtype and shape (planned at first sight).
+
+        Tensors the policy never compresses (sparse, not float, unknown
+        shape, out of ``min_size``/``max_size``) are not planned: ``None``.
+
+        Raises:
+          RuntimeError: :meth:`prepare` has not run (not made by a strategy factory).
+        """
+        if self.plan is None:
+            raise RuntimeError(
+                "compression='auto' is planned by the strategy: pass it to "
+                "tfcompress.distribute.MultiWorkerMirroredStrategy or MirroredStrategy"
+            )
+        if isinstance(value, tf.IndexedSlices) or value.dtype not in _FLOAT_DTYPES:
+            return None
+        size = value.shape.num_elements()
+        policy = self._policy
+        if size is None or size < policy.min_size:
+            return None
+        if policy.max_size is not None and size > policy.max_size:
+            return None
+        key = planner_auto.shape_key(value.shape, value.dtype)
+        choice = self.plan.choices.get(key)
+        if choice is None:
+            choice = planner_auto.choose(
+                value.shape,
+                value.dtype,
+                self.candidates,
+                workers=self.plan.workers,
+                bandwidth=self.plan.bandwidth,
+                latency=self.plan.latency,
+                calibration=self._calibration,
+                aggregation=self._aggregation,
+                shared={c.label for c in self.plan.choices.values()},
+            )
+            self.plan.choices[key] = choice
+            _log.info("tfcompress auto: %s", choice.text())
+        return self.candidates[choice.label]
+
+    def label_of(self, compressor: Compressor | None) -> str:
+        """The candidate label of one of these rules' compressors (``"none"`` for ``None``)."""
+        return planner_auto.NONE if compressor is None else self._label_of[id(compressor)]
+
+    def get_config(self) -> dict:
+        # The link and calibration are not compared: prepare() makes them equal.
+        return {"auto": {"accuracy": self.options.accuracy}, "candidates": dict(self.candidates)}
+
+    def __repr__(self) -> str:
+        return f"auto(accuracy={self.options.accuracy!r})"
+
+
+def plan_of(strategy) -> Plan | None:
+    """The ``"auto"`` plan of a tfcompress strategy so far (``None``: not ``"auto"``)."""
+    # The handle as tfcompress.distribute.handle_of finds it (strategy.py imports this module).
+    handle = getattr(internal.cross_device_ops_or_none(strategy), "compression_handle", None)
+    compressor = None if handle is None else handle.compressor
+    return compressor.plan if isinstance(compressor, AutoRules) else None
+
+
+def plan_metrics(rules: AutoRules) -> dict[str, float]:
+    """``auto_shapes_planned`` and ``auto_shapes_compressed`` (for ``compression_metrics``)."""
+    choices = [] if rules.plan is None else list(rules.plan.choices.values())
+    return {
+        "auto_shapes_planned": float(len(choices)),
+        "auto_shapes_compressed": float(sum(c.label != planner_auto.NONE for c in choices)),
+    }
+
+
+# -- the probe and the sharing ----------------------------------------------------------------
+
+
+def probe_link(strategy) -> tuple[float, float]:
+    """This worker's link (bits/s, seconds per message), from timed all-gathers.
+
+    Gathers ``[1, n]`` float32 per replica (in a ``tf.function``) for the two sizes of
+    :data:`PROBE_ELEMENTS`, the median of :data:`PROBE_REPEATS` each, and
+    solves the all-gather's alpha-beta formula ``t = (N-1) (8 B/R + alpha)``
+    for both. The function call's own overhead counts as latency, so the
+    latency is an upper bound of the collective's (the choice is then
+    conservative for small tensors). The rate is clamped to
+    ``[MIN_RATE, MAX_RATE]``.
+    """
+    n = strategy.num_replicas_in_sync
+
+    @tf.function(autograph=False)
+    def gather(x):
+        # In a function, traced once per size: eager collectives retrace every call.
+        def replica_fn():
+            local = tf.identity(x)  # on the replica's device (a function argument has none)
+            return tf.distribute.get_replica_context().all_gather(local, axis=0)
+
+        return strategy.run(replica_fn)
+
+    times = []
+    for elements in PROBE_ELEMENTS:
+        value = tf.zeros([1, elements], tf.float32)
+        gather(value)  # untimed: tracing, first use
+        samples = []
+        for _ in range(PROBE_REPEATS):
+            started = time.perf_counter()
+            results = strategy.experimental_local_results(gather(value))
+            results[0].numpy()
+            samples.append(time.perf_counter() - started)
+        times.append(statistics.median(samples))
+    (small, t_small), (large, t_large) = zip(PROBE_ELEMENTS, times, strict=True)
+    extra_bits = 8 * 4 * (large - small) * (n - 1)
+    rate = extra_bits / (t_large - t_small) if t_large > t_small else float(MAX_RATE)
+    rate = min(max(rate, float(MIN_RATE)), float(MAX_RATE))
+    alpha = max(t_small / (n - 1) - 8 * 4 * small / rate, 0.0)
+    _log.info(
+        "tfcompress auto: probe measured %s, latency %.3f ms on this worker",
+        format_rate(rate),
+        alpha * 1e3,
+    )
+    return rate, alpha
+
+
+def share_inputs(
+    strategy,
+    rate: float,
+    latency: float,
+    calibration: Calibration,
+    candidates: dict[str, Compressor | None],
+) -> tuple[float, float, Calibration]:
+    """The inputs every worker plans from: least rate, greatest latency, worker 0's costs.
+
+    One gather of ``2 + 5 k`` float64 (as int64 bits, exact) per replica, ``k``
+    the compressors timed for the candidates. On one worker the inputs are
+    returned as they are (the costs restricted to the candidates).
+    """
+    compressors = timed_compressors(candidates.values())
+    names = [repr(c) for c in compressors]
+    row = [rate, latency]
+    for compressor in compressors:
+        costs = calibration.costs_of(compressor)
+        row += [getattr(costs, field) for field in _COST_FIELDS]
+    values = np.array([row], np.float64)
+    if internal.num_workers(strategy) > 1:
+        bits = strategy.gather(
+            strategy.run(lambda: tf.constant(values.view(np.int64))), axis=0
+        ).numpy()
+        rows = bits.view(np.float64)
+        rate, latency = float(rows[:, 0].min()), float(rows[:, 1].max())
+        values = rows[:1]
+    costs = {
+        name: CompressorCosts(*(float(v) for v in values[0, 2 + 5 * i : 7 + 5 * i]))
+        for i, name in enumerate(names)
+    }
+    shared = Calibration(
+        costs=costs,
+        machine={"shared": "worker 0's calibration"},
+        key=calibration.key,
+    )
+    return rate, latency, shared

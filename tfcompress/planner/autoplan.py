@@ -1,0 +1,307 @@
+"""``compression="auto"``: per tensor shape, the candidate of least predicted time.
+
+What the strategies do with ``compression="auto"`` (or ``auto(...)``), in
+the words of the cost model (:mod:`~tfcompress.planner.cost`):
+
+1. **Inputs, identical on every worker.** At strategy creation every worker
+   measures its link with a probe collective (or takes ``bandwidth=`` /
+   ``latency=``) and reads its calibration (:func:`~tfcompress.planner.calibrate`).
+   The workers then gather those inputs once (:mod:`tfcompress.distribute.auto`)
+   and all keep the same ones: the slowest link (least rate, greatest
+   latency: the collectives go at the pace of the slowest worker) and worker
+   0's compute costs. Since :func:`choose` is a pure function of them, every
+   worker makes the same plan without another collective, whatever its own
+   calibration or link said.
+2. **Choice per shape.** When a gradient of a new dtype and shape is first
+   aggregated (at trace time, in the order of the gradient list, the same on
+   every worker), :func:`choose` predicts, for each candidate, the
+   *marginal* seconds that tensor adds to one aggregation, given the choices
+   made before it, and the least wins (``none`` on ties)::
+
+       none         ring(B) - 2 (N-1) alpha
+                    (the bytes only: the exact all-reduce runs anyway for the
+                    small tensors, biases and the non-finite flag)
+       compressed   compress + wire + decode of the tensor alone on its path,
+                    its collectives' latency included only when no earlier
+                    shape chose this candidate (else they are shared)
+
+   A greedy plan: the first tensor to choose a compressor pays its
+   collectives' latency, the next ones share them (one pack; a model of
+   several packs pays a latency per pack that the plan does not see).
+   Tensors the policy never compresses (below ``min_size``, not float) are
+   not planned: they travel exactly under any choice.
+3. **The plan** (:class:`Plan`): each shape's :class:`Choice` (winner,
+   its predicted seconds, uncompressed's, every candidate's), logged once per
+   shape and readable with ``tfcompress.distribute.auto.plan_of(strategy)``.
+   The strategy routes through :class:`tfcompress.distribute.CompressionRules`
+   (one rule per candidate), so state, checkpoints and aggregation paths are
+   the rules' own.
+
+Candidates: ``accuracy="safe"`` is :func:`~tfcompress.planner.candidates.safe_candidates`
+(none, fp16, QSGD 4 and 8 bits, PowerSGD rank 4, ErrorFeedback(TopK 1%));
+``"aggressive"`` adds QSGD 2-bit, PowerSGD rank 1 and ErrorFeedback(TopK 0.1%),
+which compress more at some cost in accuracy.
+
+Not done: re-planning when the measured bandwidth changes during training
+(the plan is made once per shape; ``tfcompress.distribute.set_compression(strategy,
+"auto")`` between steps measures again and plans anew).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Collection, Iterable, Mapping
+
+import tensorflow as tf
+
+from tfcompress.compressors.base import Compressor
+from tfcompress.compressors.error_feedback import ErrorFeedback
+from tfcompress.compressors.powersgd import PowerSGD
+from tfcompress.compressors.qsgd import QSGD
+from tfcompress.compressors.topk import TopK
+from tfcompress.planner import alpha_beta, paths
+from tfcompress.planner.calibration import Calibration, _with_second_stages
+from tfcompress.planner.candidates import safe_candidates
+from tfcompress.planner.cost import predict
+from tfcompress.planner.link import format_rate, latency_seconds, link_rate
+
+__all__ = [
+    "ACCURACY",
+    "Auto",
+    "Choice",
+    "Plan",
+    "auto",
+    "auto_candidates",
+    "choose",
+    "shape_key",
+    "timed_compressors",
+]
+
+#: The accuracy settings of :class:`Auto`.
+ACCURACY = ("safe", "aggressive")
+
+#: The label of the uncompressed candidate.
+NONE = "none"
+
+
+def auto_candidates(accuracy: str = "safe") -> dict[str, Compressor | None]:
+    """The candidates of ``accuracy``, by label, ``"none"`` first; fresh compressors.
+
+    >>> list(auto_candidates("aggressive"))[-3:]
+    ['qsgd 2-bit', 'powersgd rank 1', 'ef(topk 0.1%)']
+
+    Raises:
+      ValueError: ``accuracy`` is not one of :data:`ACCURACY`.
+    """
+    if accuracy not in ACCURACY:
+        raise ValueError(
+            f"auto(accuracy={accuracy!r}): use one of {', '.join(map(repr, ACCURACY))}"
+        )
+    candidates = safe_candidates()
+    if accuracy == "aggressive":
+        candidates.update(
+            {
+                "qsgd 2-bit": QSGD(bits=2),
+                "powersgd rank 1": PowerSGD(rank=1),
+                "ef(topk 0.1%)": ErrorFeedback(TopK(ratio=0.001)),
+            }
+        )
+    return candidates
+
+
+@dataclasses.dataclass(frozen=True)
+class Auto:
+    """The options of ``compression="auto"`` (the string is ``Auto()``).
+
+    Args:
+      accuracy: ``"safe"`` (default) or ``"aggressive"``: the candidate set
+        (module docstring).
+      bandwidth: each worker's link, bits/s or a rate like ``"100mbit"``;
+        ``None``: measured by a probe collective at strategy creation.
+      latency: seconds per message; ``None``: measured with the bandwidth
+        when that is measured, else :data:`~tfcompress.planner.link.DEFAULT_LATENCY`.
+
+    Raises:
+      ValueError: an unknown ``accuracy``, or a bad rate or latency (the
+        message names the option).
+
+    >>> Auto(bandwidth="100mbit").rate
+    100000000.0
+    """
+
+    accuracy: str = "safe"
+    bandwidth: float | str | None = None
+    latency: float | None = None
+
+    def __post_init__(self):
+        auto_candidates(self.accuracy)  # validates accuracy
+        if self.bandwidth is not None:
+            link_rate(self.bandwidth, "auto(bandwidth=...)")
+        if self.latency is not None:
+            latency_seconds(self.latency, "auto(latency=...)")
+
+    @property
+    def rate(self) -> float | None:
+        """The given bandwidth in bits/s (``None``: to be measured)."""
+        return None if self.bandwidth is None else link_rate(self.bandwidth, "bandwidth")
+
+    def candidates(self) -> dict[str, Compressor | None]:
+        """Fresh compressors of the candidate set, by label."""
+        return auto_candidates(self.accuracy)
+
+
+def auto(
+    accuracy: str = "safe", *, bandwidth: float | str | None = None, latency: float | None = None
+) -> Auto:
+    """``compression=auto(...)`` for the strategies: :class:`Auto` of these options."""
+    return Auto(accuracy=accuracy, bandwidth=bandwidth, latency=latency)
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    """What :func:`choose` decided for one dtype and shape.
+
+    Attributes:
+      key: ``"float32[3, 3, 64, 64]"``.
+      label: the winner's label (``"none"``: exact).
+      seconds: the winner's predicted marginal seconds in one aggregation.
+      none_seconds: uncompressed's.
+      candidates: every candidate's seconds, by label (``inf``: it cannot
+        take this tensor).
+    """
+
+    key: str
+    label: str
+    seconds: float
+    none_seconds: float
+    candidates: Mapping[str, float]
+
+    def text(self) -> str:
+        """One line for the log: winner, its seconds and uncompressed's."""
+        why = (
+            "compression does not pay"
+            if self.label == NONE
+            else f"{self.none_seconds / self.seconds:.2f}x faster than none"
+            if self.seconds > 0
+            else "no cost"
+        )
+        return (
+            f"{self.key} -> {self.label}: predicted {self.seconds * 1e3:.3f} ms vs none "
+            f"{self.none_seconds * 1e3:.3f} ms ({why})"
+        )
+
+
+@dataclasses.dataclass
+class Plan:
+    """The choices made so far, per dtype and shape, and the inputs they came from.
+
+    Attributes:
+      workers, bandwidth, latency: the shared setting (replicas, bits/s, seconds).
+      choices: :class:`Choice` by key, in the order first seen.
+    """
+
+    workers: int
+    bandwidth: float
+    latency: float
+    choices: dict[str, Choice] = dataclasses.field(default_factory=dict)
+
+    def text(self) -> str:
+        """Every choice, one per line, after the setting (the same on every worker)."""
+        head = (
+            f"auto plan for {self.workers} replicas at {format_rate(self.bandwidth)}, "
+            f"latency {self.latency * 1e3:.3f} ms"
+        )
+        return "\n".join([head, *(c.text() for c in self.choices.values())])
+
+    def as_dict(self) -> dict:
+        return {
+            "workers": self.workers,
+            "bandwidth": self.bandwidth,
+            "latency": self.latency,
+            "choices": [dataclasses.asdict(c) for c in self.choices.values()],
+        }
+
+
+def timed_compressors(candidates: Iterable[Compressor | None]) -> list[Compressor]:
+    """What :func:`~tfcompress.planner.calibrate` times for ``candidates`` (second stages too).
+
+    The order is fixed by ``candidates``: the same on every worker.
+    """
+    return _with_second_stages(candidates)
+
+
+def shape_key(shape: tf.TensorShape, dtype: tf.DType) -> str:
+    """The key of a plan entry: ``float32[3, 3, 64, 64]``."""
+    return f"{tf.as_dtype(dtype).name}{tf.TensorShape(shape).as_list()}"
+
+
+def choose(
+    shape,
+    dtype,
+    candidates: Mapping[str, Compressor | None],
+    *,
+    workers: int,
+    bandwidth: float | str,
+    latency: float | None,
+    calibration: Calibration,
+    aggregation: paths.Aggregation | str = "auto",
+    shared: Collection[str] = (),
+) -> Choice:
+    """The candidate of least predicted marginal seconds for one tensor (module docstring).
+
+    A pure function of its arguments: the same inputs give the same choice
+    on every worker.
+
+    Args:
+      shape, dtype: the gradient's (fully defined shape).
+      candidates: label -> compressor (``None``: exact); must hold ``"none"``.
+      workers: replicas summed over (>= 1).
+      bandwidth, latency: the link (as for :func:`~tfcompress.planner.predict`).
+      calibration: compute costs of every compressed candidate.
+      aggregation: the strategy's aggregation.
+      shared: labels chosen by earlier shapes: their collectives run anyway,
+        so their latency is not charged again.
+
+    Returns:
+      The :class:`Choice`; ``"none"`` wins ties.
+
+    Raises:
+      ValueError: no ``"none"`` candidate, or an argument ``predict`` refuses.
+    """
+    if NONE not in candidates or candidates[NONE] is not None:
+        raise ValueError(f"candidates must map {NONE!r} to None (the baseline)")
+    shape, dtype = tf.TensorShape(shape), tf.as_dtype(dtype)
+    rate = link_rate(bandwidth, "bandwidth")
+    alpha = latency_seconds(latency, "latency")
+    spec = [tf.TensorSpec(shape, dtype)]
+    seconds: dict[str, float] = {}
+    for label, compressor in candidates.items():
+        if compressor is None:
+            exact = predict(
+                None, spec, workers=workers, bandwidth=rate, latency=alpha, aggregation=aggregation
+            )
+            paid_anyway = alpha_beta.ring_all_reduce_seconds(0, workers, rate, alpha)
+            seconds[label] = max(exact.seconds - paid_anyway, 0.0)
+            continue
+        prediction = predict(
+            compressor,
+            spec,
+            workers=workers,
+            bandwidth=rate,
+            latency=0.0 if label in shared else alpha,
+            aggregation=aggregation,
+            calibration=calibration,
+            min_size=1,
+        )
+        rows = [r for r in prediction.rows if r.path != "exact" and r.tensors]
+        # Not taken (a dtype it does not support): it cannot win.
+        seconds[label] = sum(r.seconds for r in rows) if rows else math.inf
+    label = min(seconds, key=lambda name: (seconds[name], name != NONE))
+    return Choice(
+        key=shape_key(shape, dtype),
+        label=label,
+        seconds=seconds[label],
+        none_seconds=seconds[NONE],
+        candidates=seconds,
+    )
