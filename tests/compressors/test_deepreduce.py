@@ -144,10 +144,10 @@ def test_lossy_value_codecs_decode_to_the_gradient_dtype(value_codec, dtype):
 
 def test_threshold_and_randomk_sparsifiers():
     x = random_tensor((2000,), tf.float32, seed=2)
-    c = DeepReduce(Threshold(2.0), index_codec="varint")
+    c = DeepReduce(Threshold(2.0), index_codec="varint", value_codec="raw")
     want = Threshold(2.0).decompress(Threshold(2.0).compress(x))
     np.testing.assert_array_equal(c.decompress(c.compress(x)).numpy(), want.numpy())
-    r = DeepReduce(RandomK(ratio=0.1, seed=4), index_codec="bitmap")
+    r = DeepReduce(RandomK(ratio=0.1, seed=4), index_codec="bitmap", value_codec="raw")
     y = r.decompress(r.compress(x)).numpy()
     kept = y != 0
     assert kept.sum() == 200
@@ -158,8 +158,10 @@ def test_threshold_and_randomk_sparsifiers():
 def test_randomk_with_bloom_p0_decodes_to_randomks_own_estimate(dtype):
     """The d / k scale applies at RandomK's draw only: Bloom false positives decode to 0."""
     x = random_tensor((4000,), dtype, seed=6)
-    bloom = DeepReduce(RandomK(ratio=0.05, seed=8), index_codec="bloom", policy="p0", seed=3)
-    exact = DeepReduce(RandomK(ratio=0.05, seed=8), index_codec="varint", seed=3)
+    bloom = DeepReduce(
+        RandomK(ratio=0.05, seed=8), index_codec="bloom", value_codec="raw", policy="p0", seed=3
+    )
+    exact = DeepReduce(RandomK(ratio=0.05, seed=8), index_codec="varint", value_codec="raw", seed=3)
     for _ in range(3):  # a new draw and a new filter at every step
         payload = bloom.compress(x)
         count, _ = _header_counts(payload.tensors["bytes"].numpy())
@@ -230,7 +232,9 @@ def test_step_counter_advances_and_seeds_qsgd_per_step():
 @pytest.mark.parametrize("policy", ["leftmost", "random", "p2"])
 def test_bloom_policies_decode_the_positions_the_sender_used(policy):
     x = random_tensor((5000,), tf.float32, seed=11)
-    c = DeepReduce(TopK(ratio=0.02), index_codec="bloom", policy=policy, fpr=0.05, seed=2)
+    c = DeepReduce(
+        TopK(ratio=0.02), index_codec="bloom", value_codec="raw", policy=policy, fpr=0.05, seed=2
+    )
     payload = c.compress(x)
     y = c.decompress(payload).numpy()
     kept = y != 0
@@ -413,7 +417,7 @@ def test_mirrored_aggregation_is_the_sum_of_decoded_payloads():
 
 
 # Every 2-worker run of this module, in one launch (set_compression between them).
-_RUNS = ("topk", "deepreduce:varint:raw", "deepreduce:bloom:raw", "embedding")
+_RUNS = ("topk", "deepreduce:varint:raw", "deepreduce:bloom:raw", "embedding", "default")
 _runs: dict[str, dict] = {}
 
 
@@ -497,6 +501,25 @@ def test_two_worker_embedding_trains_with_indexed_slices_encoded(tmp_path_factor
     assert result["loss"][-1] < 2.3  # below chance level (ln 10 = 2.30)
 
 
+# DeepReduce() itself (no error feedback) under the worker's SGD(0.1, momentum=0.9):
+# 60 steps are all inside its 100-step density warm-up (25% of the entries at
+# step 0, 3.5% at step 59), so this checks that the defaults train end to end,
+# not the final 1%.
+DEFAULT_ACCURACY = 0.4
+
+
+@pytest.mark.slow
+def test_two_worker_fit_with_the_defaults_learns(tmp_path_factory):
+    """``DeepReduce()`` (TopK 1% after a density warm-up, index codec "auto", QSGD values)."""
+    result = _train(tmp_path_factory, "default")
+    print("DeepReduce() accuracy", result["accuracy"], "loss", result["loss"])
+    record_training("deepreduce/defaults learned", result["accuracy"], lower=DEFAULT_ACCURACY)
+    assert np.isfinite(result["loss"][-1])
+    assert result["accuracy"] > DEFAULT_ACCURACY  # 10 classes: chance is 0.1
+    # Even at the warm-up's densities, varint indices and 4-bit values send less.
+    assert 0 < result["stats"]["bytes_sent"] < 0.5 * result["stats"]["bytes_uncompressed"]
+
+
 def test_bloom_false_positive_rate_is_reported_within_its_bound():
     from tfcompress.compressors.state import TensorContext
 
@@ -561,7 +584,7 @@ def test_auto_index_codec_chooses_the_smallest_encoding(impl, policy, fpr, d):
 def test_auto_index_codec_round_trip_names_the_chosen_codec():
     x = random_tensor((40, 50), tf.float32, seed=3)
     for ratio, name in ((0.3, "bitmap"), (0.01, "varint")):
-        c = DeepReduce(TopK(ratio=ratio), index_codec="auto")
+        c = DeepReduce(TopK(ratio=ratio), index_codec="auto", value_codec="raw")
         payload = c.compress(x)
         data = payload.tensors["bytes"].numpy()
         assert data[5] == c.index_codec_for(2000, tf.float32).codec_id
@@ -579,6 +602,8 @@ def test_auto_index_codec_round_trip_names_the_chosen_codec():
         2000, tf.float32
     ).name == ("varint")
     assert (
-        DeepReduce(TopK(ratio=0.3), index_codec="auto").compressed_nbytes([2000], tf.float32)
+        DeepReduce(TopK(ratio=0.3), index_codec="auto", value_codec="raw").compressed_nbytes(
+            [2000], tf.float32
+        )
         == container.HEADER_BYTES + 250 + 600 * 4
     )

@@ -85,9 +85,9 @@ def test_constructor_calls(call):
         ),
         (
             "DeepReduce(fpr=1e-3)",
-            "DeepReduce(sparsifier=TopK(ratio=0.01, k=None), index_codec='bloom', "
-            "value_codec='raw', seed=0, index_options={'false_positive_rate': 0.001}, "
-            "value_options=None)",
+            "DeepReduce(sparsifier=TopK(ratio=0.01, k=None, warmup_steps=100), "
+            "index_codec='auto', value_codec='qsgd', seed=0, "
+            "index_options={'false_positive_rate': 0.001}, value_options=None)",
         ),
     ],
 )

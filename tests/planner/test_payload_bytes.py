@@ -51,7 +51,7 @@ CASES = {
     "pquant": PQuant(),
     "error_feedback": ErrorFeedback(TopK(ratio=0.05)),
     "diana": DIANA(QSGD()),
-    "deepreduce": DeepReduce(index_codec="bitmap", value_codec="raw"),
+    "deepreduce": DeepReduce(TopK(ratio=0.01), index_codec="bitmap", value_codec="raw"),
     "powersgd": PowerSGD(rank=2, start_step=0),
     "switch": Switch([QSGD(bits=2), TopK(ratio=0.5)]),  # phase 0 is the smaller one
 }

@@ -55,7 +55,7 @@ def bucketed(mode):
 
 
 def deepreduce():
-    return DeepReduce(index_codec="bloom", value_codec="qsgd")
+    return DeepReduce(TopK(ratio=0.01), index_codec="bloom", value_codec="qsgd")
 
 
 # name -> (compressor factory, aggregation)

@@ -10,7 +10,9 @@ switched the strategy to the run's compressor (one launch for all of them):
   codec INDEX (policy P0 for "bloom"), value codec VALUE)) on the same model,
   data, seed and steps;
 * ``embedding``: DeepReduce(index "varint", value "raw") on a model whose first
-  layer is an Embedding, so its gradient arrives as IndexedSlices.
+  layer is an Embedding, so its gradient arrives as IndexedSlices;
+* ``default``: ``DeepReduce()`` (its defaults) on the CNN; ``ef-default``:
+  ``ErrorFeedback(DeepReduce())``.
 
 Writes DIR/worker<i>.json: per run, test accuracy (computed locally on the
 test subset), the loss history, the run's traffic counters and a weights
@@ -24,7 +26,9 @@ import sys
 
 parser = argparse.ArgumentParser()
 parser.add_argument(
-    "--runs", required=True, help="comma-separated: topk, deepreduce:I:V, embedding"
+    "--runs",
+    required=True,
+    help="comma-separated: topk, deepreduce:I:V, embedding, default, ef-default",
 )
 parser.add_argument("--steps", type=int, default=60)
 parser.add_argument("--batch", type=int, default=64, help="global batch size")
@@ -51,6 +55,10 @@ def compressor_of(run: str):
         return ErrorFeedback(TopK(ratio=0.01))
     if run == "embedding":
         return DeepReduce(TopK(ratio=0.01), index_codec="varint", value_codec="raw", seed=5)
+    if run == "default":
+        return DeepReduce()
+    if run == "ef-default":
+        return ErrorFeedback(DeepReduce())
     _, index_codec, value_codec = run.split(":")
     return ErrorFeedback(
         DeepReduce(

@@ -60,11 +60,11 @@ def _compressor_cases() -> dict[str, Callable[[], C.Compressor]]:
     for index_codec in ("raw", "bitmap", "runlength", "varint", "bloom"):
         optional[f"deepreduce {index_codec}"] = (
             "deepreduce",
-            {"index_codec": index_codec, "value_codec": "raw"},
+            {"sparsifier": "topk", "index_codec": index_codec, "value_codec": "raw"},
         )
     optional["deepreduce bloom + qsgd"] = (
         "deepreduce",
-        {"index_codec": "bloom", "value_codec": "qsgd"},
+        {"sparsifier": "topk", "index_codec": "bloom", "value_codec": "qsgd"},
     )
     for label, (name, options) in optional.items():
         if name in C.available():

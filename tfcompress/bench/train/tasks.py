@@ -102,7 +102,7 @@ VARIANTS: dict[str, list[str]] = {
     "deepreduce + EF": [
         "--compression",
         "deepreduce",
-        *_options(index_codec="bloom", value_codec="qsgd", seed=0),
+        *_options(sparsifier="topk", index_codec="bloom", value_codec="qsgd", seed=0),
         "--error-feedback",
     ],
     "diana(qsgd 4-bit)": [*_QSGD4, "--diana"],
