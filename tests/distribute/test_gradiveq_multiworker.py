@@ -37,13 +37,11 @@ def replica_gradient(step: tf.Tensor, replica: tf.Tensor) -> tf.Tensor:
     return tf.reshape(rows @ directions, SHAPE)
 
 
-@pytest.mark.parametrize("sampling", ["exact", "qsgd"])
-def test_schedule_switches_in_one_traced_function(sampling):
-    compressor = GradiVeQ(
-        warmup_steps=1, sampling_steps=4, compressed_steps=2, packs=2, sampling=sampling, seed=1
-    )
-    strategy = make(compressor, min_size=4)
-    traces = []
+def summing_step(strategy, traces: list):
+    """A traced step: every replica's :func:`replica_gradient` at step ``t``, summed.
+
+    Appends to ``traces`` each time it is traced.
+    """
 
     @tf.function
     def step(t):
@@ -54,6 +52,18 @@ def test_schedule_switches_in_one_traced_function(sampling):
             )
         )
         return reduce_on_devices(strategy, "sum", pr)
+
+    return step
+
+
+@pytest.mark.parametrize("sampling", ["exact", "qsgd"])
+def test_schedule_switches_in_one_traced_function(sampling):
+    compressor = GradiVeQ(
+        warmup_steps=1, sampling_steps=4, compressed_steps=2, packs=2, sampling=sampling, seed=1
+    )
+    strategy = make(compressor, min_size=4)
+    traces = []
+    step = summing_step(strategy, traces)
 
     sent, ds = [], []
     for t in range(11):
@@ -106,16 +116,7 @@ def test_sampling_steps_take_two_stages_and_keep_the_bases_identical():
     aggregation = tfcompress.distribute.Aggregation("two_stage")
     strategy = make(compressor, min_size=4, aggregation=aggregation)
     traces = []
-
-    @tf.function
-    def step(t):
-        traces.append(1)
-        pr = strategy.run(
-            lambda: replica_gradient(
-                t, tf.distribute.get_replica_context().replica_id_in_sync_group
-            )
-        )
-        return reduce_on_devices(strategy, "sum", pr)
+    step = summing_step(strategy, traces)
 
     staged, cosines = [], []
     for t in range(9):
