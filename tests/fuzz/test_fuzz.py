@@ -9,6 +9,7 @@ crashes, 0 hangs, 0 kernel/reference disagreements, 0 contract violations,
 from __future__ import annotations
 
 import json
+import pathlib
 import subprocess
 import sys
 
@@ -16,7 +17,9 @@ import numpy as np
 import pytest
 
 from tfcompress.fuzz import engine
-from tfcompress.fuzz.engine import FAMILIES, format_table, run
+from tfcompress.fuzz.engine import FAMILIES, FuzzReport, format_table, replay, run
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 # The child imports TensorFlow and the op library (about 0.75 GB); a decoder
 # that allocates what a corrupted header asks for shows up far above that.
@@ -101,7 +104,14 @@ def test_a_child_that_crashes_or_hangs_is_counted(monkeypatch, tmp_path, body, o
         return real_popen([sys.executable, str(script), command[3]], **kwargs)
 
     monkeypatch.setattr(engine.subprocess, "Popen", popen)
-    report = run(payloads=10, seconds=4, seed=3, families=["index-varint"], hang_seconds=2)
+    report = run(
+        payloads=10,
+        seconds=4,
+        seed=3,
+        families=["index-varint"],
+        hang_seconds=2,
+        findings_dir=tmp_path / "findings",
+    )
     found = report.families["index-varint"]
     assert found[outcome] >= 1, report
     sample = report.samples["index-varint"][outcome][0]
@@ -110,6 +120,123 @@ def test_a_child_that_crashes_or_hangs_is_counted(monkeypatch, tmp_path, body, o
         assert "hread 0x" in sample[2] and "child.py" in sample[2], sample
     other = "hangs" if outcome == "crashes" else "crashes"
     assert found[other] == 0
+    assert report.findings == []  # this child wrote no case file: nothing to save
+
+
+def test_a_child_hands_over_to_a_fresh_one_after_its_payloads(monkeypatch, tmp_path):
+    """child_payloads bounds what one child decodes; the run still does every payload."""
+    script = tmp_path / "child.py"
+    script.write_text(
+        _child_script(
+            "share = config['payloads']\n"
+            "families = {f: {'payloads': share} for f in config['families']}\n"
+            "report = {'families': families, 'samples': {}, 'setup_rss_kb': 1000,\n"
+            "          'peak_rss_kb': 1000, 'rss_curve': [[0, 1000], [share, 1000 + share]]}\n"
+            "open(config['results'], 'w').write(json.dumps(report))\n"
+            "struct.pack_into('<qqqq', status, 0, 2, -1, -1, share)\n"
+        )
+    )
+    real_popen = subprocess.Popen
+    shares = []
+
+    def popen(command, **kwargs):
+        shares.append(json.loads(command[3])["payloads"])
+        return real_popen([sys.executable, str(script), command[3]], **kwargs)
+
+    monkeypatch.setattr(engine.subprocess, "Popen", popen)
+    report = run(
+        payloads=25,
+        seconds=60,
+        families=["index-raw"],
+        child_payloads=10,
+        findings_dir=tmp_path / "findings",
+    )
+    assert shares == [10, 10, 5]
+    assert report.total("payloads") == 25 and report.recycled == 2 and report.restarts == 0
+    assert [curve[-1] for curve in report.rss_curves] == [[10, 1010], [10, 1010], [5, 1005]]
+    with pytest.raises(ValueError, match="child_payloads=0"):
+        run(payloads=1, seconds=1, child_payloads=0)
+
+
+def test_a_case_file_holds_the_exact_payload():
+    tensors = {
+        "norms": np.array([[1.5, -0.0], [np.nan, 3e-41]], np.float32),
+        "packed": np.arange(7, dtype=np.uint8),
+        "scale": np.float32(2.5).reshape(()),
+        "empty": np.zeros([0], np.int32),
+        "half": np.array([65504, -1e-7], np.float16),
+    }
+    meta = {"family": "qsgd", "seed": 7, "index": 12, "mutation": "bytes", "attributes": {"d": 3}}
+    blob = engine._encode_case(meta, tensors)
+    got_meta, got = engine._decode_case(blob + b"stale bytes of a longer earlier case")
+    assert got_meta == meta
+    assert list(got) == list(tensors)
+    for name, value in tensors.items():
+        assert got[name].dtype == value.dtype and got[name].shape == value.shape, name
+        assert got[name].tobytes() == value.tobytes(), name
+    assert engine._decode_case(blob[:-1]) is None  # torn
+    assert engine._decode_case(b"") is None
+
+
+def test_memory_growth_is_measured_from_ten_thousand_payloads():
+    report = FuzzReport({}, {}, 1.0, 0, 0, 1, 0)
+    assert report.rss_growth() is None
+    report.rss_curves = [
+        [[0, 700_000], [10_000, 800_000], [20_000, 804_000]],
+        [[0, 700_000], [10_000, 800_000], [30_000, 800_000]],
+        [[0, 700_000], [5_000, 900_000]],  # never reached 10,000 payloads
+    ]
+    assert report.rss_growth() == pytest.approx(0.005)
+    assert report.rss_growth(after=0) == pytest.approx(900 / 700 - 1)  # the largest
+    assert "+0.50 %" in format_table(report)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(
+    "family, outcome", [("index-varint", "crashes"), ("index-bitmap", "hangs")]
+)
+def test_a_crash_or_hang_keeps_its_payload_and_replays(monkeypatch, tmp_path, family, outcome):
+    """A real child decodes a faulty family: the payload is saved, and replay() repeats the fault."""
+    from tests.fuzz import faulty_families  # noqa: PLC0415 (imports TensorFlow)
+
+    monkeypatch.setattr(engine, "_FAMILIES_MODULE", "tests.fuzz.faulty_families")
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    findings = tmp_path / "findings"
+    report = run(
+        payloads=200, seconds=1, seed=5, families=[family], hang_seconds=3, findings_dir=findings
+    )
+    assert report.families[family][outcome] == 1, format_table(report)
+    (saved,) = report.findings
+    assert pathlib.Path(saved).parent == findings
+    sample = report.samples[family][outcome][0]
+    with np.load(saved) as data:
+        meta = json.loads(str(data["meta"]))
+        payload = data["tensor/data"]
+    assert f"{meta['seed']}:{family}:{meta['index']}" == sample[1]
+    assert meta["outcome"] == outcome and meta["attributes"] == {"d": 8}
+    assert payload.dtype == np.uint8 and payload.size > faulty_families.LENGTH
+    assert f"tfcompress fuzz --replay {saved}" in format_table(report)
+
+    again = replay(saved, hang_seconds=3)
+    assert again.outcome == outcome, again
+    assert again.meta["index"] == meta["index"]
+    if outcome == "hangs":
+        assert "faulty_families.py" in again.message, again.message
+
+    if outcome == "crashes":  # (once is enough) cut to its valid length, the payload decodes
+        fixed = tmp_path / "fixed.npz"
+        np.savez(fixed, meta=np.asarray(json.dumps(meta)), **{"tensor/data": payload[:16]})
+        decoded = replay(fixed, hang_seconds=30)
+        assert decoded.outcome == "decoded", decoded
+        assert decoded.decodes == {"reference graph": "ok [16]", "reference eager": "ok [16]"}
+
+
+def test_replay_rejects_a_file_that_is_not_a_saved_payload(tmp_path):
+    path = tmp_path / "other.npz"
+    np.savez(path, values=np.zeros(3))
+    with pytest.raises(ValueError, match="not a payload saved by tfcompress fuzz"):
+        replay(path)
 
 
 def test_command_line_runs_and_exits_zero(tmp_path, kernel_library):

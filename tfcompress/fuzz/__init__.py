@@ -2,9 +2,18 @@
 
 ``tfcompress fuzz --payloads N --seconds S`` (:mod:`tfcompress.fuzz.command`)
 runs :func:`run` and prints :func:`format_table`; the families are in
-:mod:`tfcompress.fuzz.families`, the mutations in :mod:`tfcompress.fuzz.mutate`.
+:mod:`tfcompress.fuzz.families`, the mutations in :mod:`tfcompress.fuzz.mutate`;
+:func:`replay` decodes a saved crash or hang again (``tfcompress fuzz --replay FILE``).
 """
 
-from tfcompress.fuzz.engine import COUNTERS, FAMILIES, FuzzReport, format_table, run
+from tfcompress.fuzz.engine import (
+    COUNTERS,
+    FAMILIES,
+    FuzzReport,
+    ReplayResult,
+    format_table,
+    replay,
+    run,
+)
 
-__all__ = ["COUNTERS", "FAMILIES", "FuzzReport", "format_table", "run"]
+__all__ = ["COUNTERS", "FAMILIES", "FuzzReport", "ReplayResult", "format_table", "replay", "run"]

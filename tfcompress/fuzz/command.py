@@ -1,14 +1,19 @@
 """Fuzz every payload decoder with mutated payloads and print what happened.
 
 tfcompress fuzz --payloads 1000000 --seconds 1200 [--seed 0] [--families ...] [--workers 2]
+tfcompress fuzz --replay fuzz-findings/hangs-index-bitmap-1001-0.npz
 
 Each family's valid payloads are mutated (bit flips, truncation, extension,
 random bytes, header fields set to 0/-1/huge, shapes and attributes that
 disagree with the payload) and decoded by the C++ kernels and the pure-TF
 references in child processes; the table counts clean errors, silent
 accepts, contract violations, other errors, kernel/reference disagreements,
-crashes and hangs per family, with the peak RSS. The exit status is 1 when
-anything that must be 0 is not.
+crashes and hangs per family, with the peak RSS and each child's resident
+memory over the run. The exact payload of every crash and hang is saved
+under ``--findings`` (default ``fuzz-findings``); ``--replay FILE`` decodes
+one again in a child process, every implementation in graph mode and
+eagerly. The exit status is 1 when anything that must be 0 is not (for a
+replay: when it crashes or hangs again).
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import json
 import os
 import sys
 
-from tfcompress.fuzz.engine import FAMILIES, format_table, run
+from tfcompress.fuzz.engine import CHILD_PAYLOADS, FAMILIES, format_table, replay, run
 
 __all__ = ["configure_parser", "run_from_args"]
 
@@ -52,13 +57,54 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         "--hang-seconds", type=float, default=30.0, help="no progress this long is a hang"
     )
     parser.add_argument("--json", default=None, help="also write the report to this JSON file")
+    parser.add_argument(
+        "--findings",
+        default="fuzz-findings",
+        help="folder for the exact payload of each crash and hang (default fuzz-findings)",
+    )
+    parser.add_argument(
+        "--child-payloads",
+        type=int,
+        default=CHILD_PAYLOADS,
+        help=f"payloads per child process before a fresh one (default {CHILD_PAYLOADS:,})",
+    )
+    parser.add_argument(
+        "--replay",
+        default=None,
+        metavar="FILE",
+        help="decode one saved payload again (a file under --findings) instead of fuzzing",
+    )
+
+
+def _replay_from_args(args: argparse.Namespace) -> int:
+    try:
+        result = replay(
+            args.replay, hang_seconds=args.hang_seconds, kernels=not args.references_only
+        )
+    except ValueError as error:
+        print(f"tfcompress fuzz: {error}", file=sys.stderr)
+        return 2
+    meta = result.meta
+    print(
+        f"{meta['family']} payload {meta['seed']}:{meta['family']}:{meta['index']} "
+        f"({meta.get('mutation')}, attributes {meta.get('attributes')}), saved as "
+        f"{meta.get('outcome')}: replayed in {result.seconds:.1f} s: {result.outcome}"
+    )
+    for way, found in result.decodes.items():
+        print(f"  {way}: {found}")
+    if result.message:
+        print(result.message)
+    return 0 if result.outcome == "decoded" else 1
 
 
 def run_from_args(args: argparse.Namespace) -> int:
-    """Runs the fuzzer, prints the table; 1 when a must-be-zero counter is not."""
-    if args.payloads < 1 or args.seconds <= 0 or args.workers < 1:
+    """Runs the fuzzer (or a replay), prints the table; 1 when a must-be-zero counter is not."""
+    if args.replay is not None:
+        return _replay_from_args(args)
+    if args.payloads < 1 or args.seconds <= 0 or args.workers < 1 or args.child_payloads < 1:
         print(
-            "tfcompress fuzz: --payloads, --seconds and --workers must be positive", file=sys.stderr
+            "tfcompress fuzz: --payloads, --seconds, --workers and --child-payloads must be positive",
+            file=sys.stderr,
         )
         return 2
 
@@ -74,6 +120,8 @@ def run_from_args(args: argparse.Namespace) -> int:
         kernels=not args.references_only,
         hang_seconds=args.hang_seconds,
         progress=progress,
+        findings_dir=args.findings,
+        child_payloads=args.child_payloads,
     )
     command = "tfcompress fuzz " + " ".join(sys.argv[2:]) if len(sys.argv) > 2 else ""
     if command:
@@ -96,6 +144,9 @@ def run_from_args(args: argparse.Namespace) -> int:
                     "children_max_rss_kb": report.children_max_rss_kb,
                     "workers": report.workers,
                     "restarts": report.restarts,
+                    "recycled": report.recycled,
+                    "rss_curves": report.rss_curves,
+                    "findings": report.findings,
                 },
                 out,
                 indent=1,

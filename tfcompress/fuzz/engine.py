@@ -51,6 +51,7 @@ import collections
 import contextlib
 import dataclasses
 import faulthandler
+import importlib
 import json
 import mmap
 import os
@@ -66,7 +67,16 @@ from typing import Any
 
 from tfcompress.fuzz.names import FAMILIES
 
-__all__ = ["COUNTERS", "FAMILIES", "FuzzReport", "format_table", "run"]
+__all__ = [
+    "CHILD_PAYLOADS",
+    "COUNTERS",
+    "FAMILIES",
+    "FuzzReport",
+    "ReplayResult",
+    "format_table",
+    "replay",
+    "run",
+]
 
 
 COUNTERS = (
@@ -89,6 +99,12 @@ _POOL = 12  # valid base payloads per family and child
 _STACK_DUMP_SECONDS = 2.0  # a hung child's time to write its stacks before the kill
 _EAGER_EVERY = 4
 _MAX_SAMPLES = 3
+_RSS_EVERY = 1000  # payloads of a child between two resident-memory samples
+_CASE_LENGTH = struct.Struct("<q")  # the case file: its length, then the case (_encode_case)
+# Where the children find the families (get_families); private, so a test can
+# put a decoder that crashes or hangs on purpose in their place.
+_FAMILIES_MODULE = "tfcompress.fuzz.families"
+_GROWTH_FROM = 10_000  # the table's memory growth: from the sample at this many payloads
 
 
 @dataclasses.dataclass
@@ -107,6 +123,13 @@ class FuzzReport:
             children, killed ones included (sampled while they run).
         workers: child processes at a time.
         restarts: children started after a crash or hang.
+        recycled: children started because the one before had decoded its
+            ``child_payloads`` (:data:`CHILD_PAYLOADS`).
+        rss_curves: per child (in start order), its resident memory
+            (``VmRSS``) after setup and every 1,000 payloads, as
+            ``[payloads done, KiB]`` pairs.
+        findings: the files (:func:`replay` reads them) that hold the exact
+            payload of each crash and hang, in the order they happened.
     """
 
     families: dict[str, dict[str, Any]]
@@ -116,11 +139,41 @@ class FuzzReport:
     children_max_rss_kb: int
     workers: int
     restarts: int
+    recycled: int = 0
+    rss_curves: list[list[list[int]]] = dataclasses.field(default_factory=list)
+    findings: list[str] = dataclasses.field(default_factory=list)
 
     def total(self, counter: str) -> int:
         """The sum of ``counter`` over every family."""
         return sum(int(f.get(counter, 0)) for f in self.families.values())
 
+    def rss_growth(self, after: int = 10_000) -> float | None:
+        """The largest relative growth of a child's resident memory after ``after`` payloads.
+
+        For each child that decoded more than ``after`` payloads: its last
+        sample over its first sample at or past ``after``, minus 1 (0.01 is
+        1 % growth). None when no child got that far.
+        """
+        growths = []
+        for curve in self.rss_curves:
+            later = [(done, kb) for done, kb in curve if done >= after]
+            if len(later) >= 2 and later[0][1] > 0:
+                growths.append(later[-1][1] / later[0][1] - 1)
+        return max(growths) if growths else None
+
+
+CHILD_PAYLOADS = 10_000
+"""The payloads one child decodes before a fresh child takes over.
+
+A child's resident memory grows by about 1 KB with every payload that a
+reference rejects through a failing ``tf.debugging.Assert`` inside a traced
+function (TensorFlow's runtime keeps it: not Python objects, not released by
+``malloc_trim``; kernels that reject with ``OP_REQUIRES`` and Asserts that
+pass leave nothing); see ``docs/PAYLOADS.md``. It does not flatten (about
+1.2 KB per payload, 1 GB per million), so a fresh child every 10,000
+payloads bounds a child's memory at what it holds after 10,000 payloads, for
+a start-up of about 10 s (on an idle machine) per 10,000 payloads.
+"""
 
 # --- the child -----------------------------------------------------------------------------
 
@@ -148,13 +201,94 @@ def _rss_kb() -> int:
     return 0
 
 
-def _child(config: dict) -> int:
-    """Runs in the child process: fuzz until the budget is spent, reporting as it goes."""
+def _encode_case(meta: dict, tensors: dict) -> bytes:
+    """A case as the bytes of the case file: lengths, a JSON header, the tensors' raw bytes.
+
+    The header holds ``meta`` (family, seed, index, mutation, attributes) and
+    each tensor's name, dtype and shape, so :func:`_decode_case` rebuilds the
+    exact arrays.
+    """
+    import numpy as np  # noqa: PLC0415
+
+    arrays = {name: np.asarray(value, order="C") for name, value in tensors.items()}
+    header = {**meta, "tensors": [[n, a.dtype.str, list(a.shape)] for n, a in arrays.items()]}
+    head = json.dumps(header).encode()
+    body = b"".join(a.tobytes() for a in arrays.values())
+    return _CASE_LENGTH.pack(_CASE_LENGTH.size + len(head) + len(body)) + (
+        _CASE_LENGTH.pack(len(head)) + head + body
+    )
+
+
+def _decode_case(data: bytes) -> tuple[dict, dict] | None:
+    """The (meta, tensors) of a case file's bytes; None for an empty or torn file."""
+    import numpy as np  # noqa: PLC0415
+
+    if len(data) < 2 * _CASE_LENGTH.size:
+        return None
+    (length,) = _CASE_LENGTH.unpack_from(data, 0)
+    if length < _CASE_LENGTH.size or len(data) < _CASE_LENGTH.size + length:
+        return None
+    (head_length,) = _CASE_LENGTH.unpack_from(data, _CASE_LENGTH.size)
+    start = 2 * _CASE_LENGTH.size
+    try:
+        meta = json.loads(data[start : start + head_length])
+    except ValueError:
+        return None
+    offset = start + head_length
+    tensors = {}
+    for name, dtype, shape in meta.pop("tensors"):
+        dtype = np.dtype(dtype)
+        size = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        tensors[name] = (
+            np.frombuffer(data[offset : offset + size], dtype).reshape(tuple(shape)).copy()
+        )
+        offset += size
+    return meta, tensors
+
+
+def _first_line(error) -> str:
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    useful = [line for line in lines if "corrupted payload" in line or "assertion failed" in line]
+    return (useful or lines or [""])[0][:300]
+
+
+def _decode(family, graphs: dict, case, implementation: str, eager: bool) -> tuple[str, Any]:
+    """Decodes ``case``: ("ok", output array), ("invalid", message) or ("other", message)."""
     import numpy as np  # noqa: PLC0415
     import tensorflow as tf  # noqa: PLC0415
 
     from tfcompress import ops  # noqa: PLC0415
-    from tfcompress.fuzz.families import get_families  # noqa: PLC0415
+
+    try:
+        if eager:
+            with ops.implementation(implementation):
+                tensors = {k: tf.constant(v) for k, v in case.tensors.items()}
+                attributes = {k: np.int64(v) for k, v in case.attributes.items()}
+                output = family.decode(tensors, attributes)
+        else:
+            function, names = graphs[family.name, implementation]
+            args = [tf.constant(case.tensors[n], family.signature[n].dtype) for n in names]
+            args += [tf.constant(v, tf.int64) for v in case.attributes.values()]
+            output = function(*args)
+        return "ok", np.asarray(output.numpy())
+    except tf.errors.InvalidArgumentError as error:
+        return "invalid", _first_line(error.message)
+    except Exception as error:  # noqa: BLE001 (every other exception is a finding)
+        return "other", f"{type(error).__name__}: {_first_line(error)}"
+
+
+def _get_families(config: dict, names) -> list:
+    """The families to fuzz, from the module the parent named (:data:`_FAMILIES_MODULE`)."""
+    module = importlib.import_module(config.get("families_module", _FAMILIES_MODULE))
+    return module.get_families(names)
+
+
+def _child(config: dict) -> int:
+    """Runs in the child process: fuzz until the budget is spent, reporting as it goes."""
+    if "replay" in config:
+        return _replay_child(config)
+    import numpy as np  # noqa: PLC0415
+
     from tfcompress.fuzz.mutate import MUTATIONS, mutate  # noqa: PLC0415
 
     # On SIGUSR1 (sent by the parent before it kills a hung child) every
@@ -163,8 +297,12 @@ def _child(config: dict) -> int:
     status_file = open(config["status"], "r+b")  # noqa: SIM115
     status = mmap.mmap(status_file.fileno(), _STATUS.size)
     _STATUS.pack_into(status, 0, 0, -1, -1, 0)
+    # Before a payload is decoded, the exact case goes to the case file (one
+    # pwrite, kept by the kernel's page cache when the child is killed), so
+    # the parent saves the payload of a crash or a hang for replay().
+    case_file = os.open(config["case"], os.O_RDWR | os.O_CREAT, 0o644)
     seed = config["seed"]
-    families = get_families(config["families"])
+    families = _get_families(config, config["families"])
     implementations = {
         f.name: (("kernel", "reference") if f.has_kernel and config["kernels"] else ("reference",))
         for f in families
@@ -185,35 +323,13 @@ def _child(config: dict) -> int:
     max_rss = dict.fromkeys(counts, 0)
     setup_rss = _rss_kb()
     child_peak = _peak_rss_kb()
-
-    def decode(family, case, implementation, eager):
-        try:
-            if eager:
-                with ops.implementation(implementation):
-                    tensors = {k: tf.constant(v) for k, v in case.tensors.items()}
-                    attributes = {k: np.int64(v) for k, v in case.attributes.items()}
-                    output = family.decode(tensors, attributes)
-            else:
-                function, names = graphs[family.name, implementation]
-                args = [tf.constant(case.tensors[n], family.signature[n].dtype) for n in names]
-                args += [tf.constant(v, tf.int64) for v in case.attributes.values()]
-                output = function(*args)
-            return "ok", np.asarray(output.numpy())
-        except tf.errors.InvalidArgumentError as error:
-            return "invalid", first_line(error.message)
-        except Exception as error:  # noqa: BLE001 (every other exception is a finding)
-            return "other", f"{type(error).__name__}: {first_line(error)}"
+    rss_curve = [[0, setup_rss]]  # [payloads done, VmRSS KiB] every _RSS_EVERY payloads
 
     def flushed(a):
         if a.dtype.kind != "f":
             return a
         tiny = np.finfo(a.dtype).tiny
         return np.where(np.abs(a) < tiny, np.zeros_like(a), a)
-
-    def first_line(error) -> str:
-        lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-        useful = [line for line in lines if "corrupted" in line or "assertion failed" in line]
-        return (useful or lines or [""])[0][:300]
 
     def same(a, b) -> bool:
         if a.shape != b.shape or a.dtype != b.dtype:
@@ -240,6 +356,7 @@ def _child(config: dict) -> int:
             "samples": {name: dict(found) for name, found in samples.items()},
             "setup_rss_kb": setup_rss,
             "peak_rss_kb": child_peak,
+            "rss_curve": rss_curve,
             "final": final,
         }
         path = pathlib.Path(config["results"])
@@ -268,11 +385,19 @@ def _child(config: dict) -> int:
                 base = pools[family.name][int(rng.integers(0, _POOL))]
                 mutation = MUTATIONS[int(rng.integers(0, len(MUTATIONS)))]
                 case = mutate(family, base, mutation, rng)
+                meta = {"family": family.name, "seed": seed, "index": index, "mutation": mutation}
+                meta["attributes"] = {k: int(v) for k, v in case.attributes.items()}
+                os.pwrite(case_file, _encode_case(meta, case.tensors), 0)
+                _STATUS.pack_into(status, 0, 1, number, index, done)
                 eager = index % _EAGER_EVERY == 0
-                outcomes = [decode(family, case, i, eager) for i in implementations[family.name]]
+                outcomes = [
+                    _decode(family, graphs, case, i, eager) for i in implementations[family.name]
+                ]
                 tally = counts[family.name]
                 tally["payloads"] += 1
                 done += 1
+                if done % _RSS_EVERY == 0:
+                    rss_curve.append([done, _rss_kb()])
                 kinds = {kind for kind, _ in outcomes}
                 if "other" in kinds:
                     tally["unclean"] += 1
@@ -338,10 +463,13 @@ class _Child:
     process: subprocess.Popen
     status: pathlib.Path
     results: pathlib.Path
+    case: pathlib.Path
+    stderr: pathlib.Path
     payloads: int
     started: float
     last_done: int = 0
     last_progress: float = 0.0
+    carry: int = 0  # this worker slot's payloads for the children after this one
 
 
 def _read_status(path: pathlib.Path) -> tuple[int, int, int, int]:
@@ -358,6 +486,39 @@ def _read_results(path: pathlib.Path) -> dict | None:
         return None
 
 
+def _save_finding(
+    folder: pathlib.Path,
+    outcome: str,
+    case_file: pathlib.Path,
+    family: str,
+    index: int,
+    message: str,
+) -> str | None:
+    """Saves the case a child was decoding when it crashed or hung; the file's path.
+
+    None when the case file does not hold that payload (the child died
+    between two payloads, or in its setup).
+    """
+    import numpy as np  # noqa: PLC0415
+
+    try:
+        decoded = _decode_case(case_file.read_bytes())
+    except OSError:
+        return None
+    if decoded is None:
+        return None
+    meta, tensors = decoded
+    if meta.get("family") != family or meta.get("index") != index:
+        return None
+    meta.update(outcome=outcome, message=message)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{outcome}-{family}-{meta['seed']}-{index}.npz"
+    arrays = {f"tensor/{name}": value for name, value in tensors.items()}
+    with open(path, "wb") as out:
+        np.savez(out, meta=np.asarray(json.dumps(meta)), **arrays)
+    return str(path)
+
+
 def run(
     payloads: int,
     seconds: float,
@@ -368,6 +529,8 @@ def run(
     hang_seconds: float = 30.0,
     startup_seconds: float = 600.0,
     progress=None,
+    findings_dir: str | os.PathLike = "fuzz-findings",
+    child_payloads: int = CHILD_PAYLOADS,
 ) -> FuzzReport:
     """Fuzzes the decoders with up to ``payloads`` mutated payloads in about ``seconds``.
 
@@ -385,10 +548,20 @@ def run(
         startup_seconds: limit for a child's setup (imports, pools, tracing).
         progress: optional callable ``(payloads_done, seconds) -> None``, called
             about every 10 s.
+        findings_dir: where the exact payload of each crash and hang is saved
+            (``<outcome>-<family>-<seed>-<index>.npz``, read by :func:`replay`);
+            created at the first one.
+        child_payloads: a child decodes at most this many payloads, then a
+            fresh child takes over (see :data:`CHILD_PAYLOADS`).
 
     Returns:
         The report.
+
+    Raises:
+        ValueError: an unknown family, or ``child_payloads`` below 1.
     """
+    if child_payloads < 1:
+        raise ValueError(f"child_payloads={child_payloads} must be at least 1")
     names = list(families or FAMILIES)
     unknown = [n for n in names if n not in FAMILIES]
     if unknown:
@@ -401,7 +574,10 @@ def run(
     samples: dict[str, dict[str, list]] = {n: collections.defaultdict(list) for n in names}
     setup_rss = 0
     restarts = 0
+    recycled = 0
     remaining = payloads
+    rss_curves: dict[int, list] = {}
+    findings: list[str] = []
     with tempfile.TemporaryDirectory(prefix="tfcompress-fuzz-") as folder:
         folder = pathlib.Path(folder)
         running: list[_Child] = []
@@ -409,27 +585,50 @@ def run(
 
         def launch(share: int) -> None:
             nonlocal launched
+            carry = max(0, share - child_payloads)
+            share -= carry
             child_seed = seed * 1000 + launched
             status = folder / f"status-{launched}"
             status.write_bytes(bytes(_STATUS.size))
             results = folder / f"results-{launched}.json"
+            case = folder / f"case-{launched}"
+            # stderr goes to a file, not a pipe: a child that writes more than a
+            # pipe holds (64 KiB) while nobody reads would block, and look hung.
+            stderr_path = folder / f"stderr-{launched}"
             config = {
                 "seed": child_seed,
                 "families": names,
+                "families_module": _FAMILIES_MODULE,
                 "payloads": share,
                 "seconds": max(1.0, deadline - time.monotonic()),
                 "kernels": kernels,
                 "status": str(status),
                 "results": str(results),
+                "case": str(case),
             }
-            process = subprocess.Popen(
-                [sys.executable, "-m", "tfcompress.fuzz.engine", json.dumps(config)],
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE,
-                env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
-            )
+            with open(stderr_path, "wb") as stderr_file:
+                process = subprocess.Popen(
+                    [sys.executable, "-m", "tfcompress.fuzz.engine", json.dumps(config)],
+                    stdout=subprocess.DEVNULL,
+                    stderr=stderr_file,
+                    env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
+                )
             now = time.monotonic()
-            running.append(_Child(child_seed, process, status, results, share, now, 0, now))
+            running.append(
+                _Child(
+                    child_seed,
+                    process,
+                    status,
+                    results,
+                    case,
+                    stderr_path,
+                    share,
+                    now,
+                    0,
+                    now,
+                    carry,
+                )
+            )
             launched += 1
 
         def absorb(child: _Child, outcome: str | None, stderr: str) -> int:
@@ -449,6 +648,8 @@ def run(
                     samples[name][outcome_name].extend(found[: max(room, 0)])
             setup_rss = max(setup_rss, results.get("setup_rss_kb", 0))
             children_rss = max(children_rss, results.get("peak_rss_kb", 0))
+            if results.get("rss_curve"):
+                rss_curves[child.seed] = results["rss_curve"]
             if outcome is not None:
                 phase, family_number, index, reported = _read_status(child.status)
                 name = names[family_number] if 0 <= family_number < len(names) else "(setup)"
@@ -461,9 +662,13 @@ def run(
                 # Payloads decoded after the child's last results flush are not
                 # counted (their outcomes are lost), but they are not redone.
                 done = max(done, reported) + 1
-                samples[name][outcome].append(
-                    [None, f"{child.seed}:{name}:{index}", _tail(stderr, outcome) or outcome]
+                message = _tail(stderr, outcome) or outcome
+                saved = _save_finding(
+                    pathlib.Path(findings_dir), outcome, child.case, name, index, message
                 )
+                if saved is not None:
+                    findings.append(saved)
+                samples[name][outcome].append([None, f"{child.seed}:{name}:{index}", message])
             return done
 
         def reap(process: subprocess.Popen) -> int | None:
@@ -500,13 +705,17 @@ def run(
                         continue
                 elif code != 0 or phase != 2:
                     outcome = "crashes"
-                stderr = child.process.stderr.read().decode(errors="replace") if outcome else ""
-                child.process.stderr.close()
+                stderr = ""
+                if outcome:
+                    stderr = child.stderr.read_bytes().decode(errors="replace")
                 running.remove(child)
                 done = absorb(child, outcome, stderr)
-                left = child.payloads - done
-                if outcome is not None and left > 0 and time.monotonic() < deadline:
-                    restarts += 1
+                left = max(0, child.payloads - done) + child.carry
+                if left > 0 and time.monotonic() < deadline:
+                    if outcome is not None:
+                        restarts += 1
+                    else:
+                        recycled += 1
                     launch(left)
             if progress is not None and now - last_report > 10:
                 last_report = now
@@ -530,6 +739,9 @@ def run(
         children_max_rss_kb=children_rss,
         workers=workers,
         restarts=restarts,
+        recycled=recycled,
+        rss_curves=[rss_curves[k] for k in sorted(rss_curves)],
+        findings=findings,
     )
 
 
@@ -570,13 +782,169 @@ def format_table(report: FuzzReport) -> str:
     lines += [
         "",
         f"{report.total('payloads'):,} payloads in {report.seconds:.0f} s ({rate:,.0f}/s, "
-        f"{report.workers} worker(s), {report.restarts} restart(s)); "
+        f"{report.workers} worker(s), {report.restarts} restart(s), "
+        f"{report.recycled} fresh child(ren) after their payloads); "
         f"child RSS after setup {report.setup_rss_kb / 1024:.0f} MiB, "
         f"largest child RSS {report.children_max_rss_kb / 1024:.0f} MiB.",
         "Silent accepts with a changed output, by mutation: "
         + (", ".join(f"{k} {v:,}" for k, v in accepted.most_common()) or "none"),
     ]
+    for number, curve in enumerate(report.rss_curves):
+        at = next(((d, kb) for d, kb in curve if d >= _GROWTH_FROM), None)
+        end = curve[-1]
+        text = f"Child {number} RSS: {curve[0][1] / 1024:.0f} MiB after setup"
+        if at is not None and end[0] > at[0]:
+            text += (
+                f", {at[1] / 1024:.1f} MiB at {at[0]:,} payloads, {end[1] / 1024:.1f} MiB at "
+                f"{end[0]:,} ({100 * (end[1] / at[1] - 1):+.2f} %)"
+            )
+        else:
+            text += f", {end[1] / 1024:.1f} MiB at {end[0]:,} payloads"
+        lines.append(text + ".")
+    for path in report.findings:
+        lines.append(f"Saved: {path} (replay: tfcompress fuzz --replay {path})")
     return "\n".join(lines)
+
+
+@dataclasses.dataclass
+class ReplayResult:
+    """What decoding one saved payload again did (:func:`replay`).
+
+    Attributes:
+        outcome: ``"decoded"`` (every decoder returned or raised),
+            ``"crashes"`` or ``"hangs"``.
+        meta: the saved payload's family, seed, index, mutation, attributes,
+            and the outcome and message of the run that saved it.
+        decodes: ``"<implementation> <graph|eager>"`` -> ``"ok <shape>"``,
+            ``"invalid: <message>"`` or ``"other: <message>"``, in the order run
+            (empty when the child crashed or hung before reporting).
+        seconds: wall time of the replay, the child's start-up included.
+        message: the end of the child's stderr for a crash, its threads'
+            stacks for a hang; empty otherwise.
+    """
+
+    outcome: str
+    meta: dict[str, Any]
+    decodes: dict[str, str]
+    seconds: float
+    message: str = ""
+
+
+def _load_finding(path: str | os.PathLike) -> tuple[dict, dict]:
+    import numpy as np  # noqa: PLC0415
+
+    with np.load(path) as data:
+        meta = json.loads(str(data["meta"]))
+        tensors = {k.split("/", 1)[1]: data[k] for k in data.files if k.startswith("tensor/")}
+    return meta, tensors
+
+
+def replay(
+    path: str | os.PathLike, hang_seconds: float = 30.0, kernels: bool = True
+) -> ReplayResult:
+    """Decodes a saved payload again, in a child process, as the fuzzer did.
+
+    The payload (a file that :func:`run` saved at a crash or a hang) is
+    decoded by each implementation of its family (the C++ kernel unless
+    ``kernels`` is False, and the reference), in graph mode and eagerly.
+
+    Args:
+        path: the ``.npz`` file of the payload.
+        hang_seconds: the child's limit (start-up not counted); past it, its
+            threads' stacks are taken and it is killed.
+        kernels: decode with the C++ kernel too (else the reference only).
+
+    Returns:
+        What happened.
+
+    Raises:
+        ValueError: the file is not a saved payload.
+    """
+    try:
+        meta, _ = _load_finding(path)
+    except (OSError, KeyError, ValueError) as error:
+        raise ValueError(
+            f"replay: {path} is not a payload saved by tfcompress fuzz: {error}"
+        ) from error
+    start = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="tfcompress-replay-") as folder:
+        folder = pathlib.Path(folder)
+        status = folder / "status"
+        status.write_bytes(bytes(_STATUS.size))
+        results = folder / "results.json"
+        config = {
+            "replay": str(path),
+            "families_module": _FAMILIES_MODULE,
+            "kernels": kernels,
+            "status": str(status),
+            "results": str(results),
+        }
+        stderr_path = folder / "stderr"
+        with open(stderr_path, "wb") as stderr_file:  # a file: a full pipe would block
+            process = subprocess.Popen(
+                [sys.executable, "-m", "tfcompress.fuzz.engine", json.dumps(config)],
+                stdout=subprocess.DEVNULL,
+                stderr=stderr_file,
+                env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
+            )
+        decoding_since = None
+        outcome = None
+        while process.poll() is None:
+            time.sleep(0.1)
+            if decoding_since is None and _read_status(status)[0] >= 1:
+                decoding_since = time.monotonic()
+            if decoding_since is not None and time.monotonic() - decoding_since > hang_seconds:
+                with contextlib.suppress(OSError):
+                    process.send_signal(signal.SIGUSR1)
+                    time.sleep(_STACK_DUMP_SECONDS)
+                process.kill()
+                process.wait()
+                outcome = "hangs"
+        stderr = stderr_path.read_text(errors="replace")
+        found = _read_results(results) or {}
+        if outcome is None:
+            outcome = "decoded" if process.returncode == 0 and found.get("final") else "crashes"
+    return ReplayResult(
+        outcome=outcome,
+        meta=meta,
+        decodes=found.get("decodes", {}),
+        seconds=time.monotonic() - start,
+        message="" if outcome == "decoded" else _tail(stderr, outcome),
+    )
+
+
+def _replay_child(config: dict) -> int:
+    """Runs in the child process of :func:`replay`: decodes the saved payload every way."""
+    from tfcompress.fuzz.families import Case  # noqa: PLC0415
+
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    status_file = open(config["status"], "r+b")  # noqa: SIM115
+    status = mmap.mmap(status_file.fileno(), _STATUS.size)
+    meta, tensors = _load_finding(config["replay"])
+    (family,) = _get_families(config, [meta["family"]])
+    case = Case(tensors, dict(meta["attributes"]))
+    implementations = ("kernel", "reference") if family.has_kernel and config["kernels"] else ()
+    implementations = implementations or ("reference",)
+    graphs = {
+        (family.name, i): family.graph_decoder(i, tuple(case.attributes)) for i in implementations
+    }
+    decodes: dict[str, str] = {}
+
+    def write(final: bool) -> None:
+        path = pathlib.Path(config["results"])
+        path.with_suffix(".tmp").write_text(json.dumps({"decodes": decodes, "final": final}))
+        path.with_suffix(".tmp").replace(path)
+
+    _STATUS.pack_into(status, 0, 1, 0, int(meta["index"]), 0)
+    for implementation in implementations:
+        for eager in (False, True):
+            kind, found = _decode(family, graphs, case, implementation, eager)
+            text = f"ok {list(found.shape)}" if kind == "ok" else f"{kind}: {found}"
+            decodes[f"{implementation} {'eager' if eager else 'graph'}"] = text
+            write(False)
+    _STATUS.pack_into(status, 0, 2, 0, int(meta["index"]), 1)
+    write(True)
+    return 0
 
 
 if __name__ == "__main__":
