@@ -192,3 +192,45 @@ def test_choose_needs_the_uncompressed_baseline():
             latency=None,
             calibration=assumed_calibration(),
         )
+
+
+def test_the_whole_list_plan_is_never_predicted_slower_than_one_candidate_for_all():
+    """Many small tensors ahead of a large one, a high latency: shape by shape, the first
+    small tensor would pay fp16's collectives' latency alone and stay exact, and so would
+    the others; planned as a list, fp16 for all of them wins, as predicted."""
+    from tfcompress.planner.autoplan import choose_all, plan_seconds  # noqa: PLC0415
+
+    specs = [((64, 64), "float32")] * 20 + [((1000, 1000), "float32")]
+    candidates = {"none": None, "fp16": FP16()}
+    args = dict(workers=2, bandwidth=1e8, latency=0.01, calibration=assumed_calibration())
+    greedy = {}
+    for shape, dtype in specs[19:]:  # one of the small shapes, then the large one
+        greedy[(shape, dtype)] = choose(shape, dtype, candidates, **args)
+    assert greedy[specs[0]].label == "none"  # alone, it does not pay its latency
+    whole = choose_all(specs, candidates, **args)
+    assert [c.key for c in whole] == ["float32[64, 64]", "float32[1000, 1000]"]
+    assert [c.label for c in whole] == ["fp16", "fp16"]
+    totals = {
+        plan: plan_seconds(
+            specs, {c.key: label for c, label in zip(whole, plan, strict=True)}, candidates, **args
+        )
+        for plan in [("none", "none"), ("none", "fp16"), ("fp16", "fp16")]
+    }
+    assert totals[("fp16", "fp16")] == min(totals.values())
+    # The choices keep the greedy pass's marginal seconds of every candidate.
+    assert whole[0].seconds == whole[0].candidates["fp16"]
+
+
+def test_the_whole_list_plan_keeps_everything_exact_when_nothing_pays():
+    from tfcompress.planner.autoplan import choose_all  # noqa: PLC0415
+
+    specs = [((64, 64), "float32"), ((1000, 1000), "float32")]
+    whole = choose_all(
+        specs,
+        auto_candidates(),
+        workers=2,
+        bandwidth="400gbit",
+        latency=1e-5,
+        calibration=assumed_calibration(),
+    )
+    assert [c.label for c in whole] == ["none", "none"]

@@ -139,18 +139,7 @@ class AutoRules(CompressionRules):
         Raises:
           RuntimeError: :meth:`prepare` has not run (not made by a strategy factory).
         """
-        if self.plan is None:
-            raise RuntimeError(
-                "compression='auto' is planned by the strategy: pass it to "
-                "tfcompress.distribute.MultiWorkerMirroredStrategy or MirroredStrategy"
-            )
-        if isinstance(value, tf.IndexedSlices) or value.dtype not in _FLOAT_DTYPES:
-            return None
-        size = value.shape.num_elements()
-        policy = self._policy
-        if size is None or size < policy.min_size:
-            return None
-        if policy.max_size is not None and size > policy.max_size:
+        if not self._plannable(value):
             return None
         key = planner_auto.shape_key(value.shape, value.dtype)
         choice = self.plan.choices.get(key)
@@ -169,6 +158,54 @@ class AutoRules(CompressionRules):
             self.plan.choices[key] = choice
             _log.info("tfcompress auto: %s", choice.text())
         return self.candidates[choice.label]
+
+    def see_all(self, values: list) -> None:
+        """Plans a whole gradient list at the first aggregation (:func:`~tfcompress.planner.autoplan.choose_all`).
+
+        The greedy per-shape choice charges the collectives' latency to the
+        first shape that compresses, so small tensors ahead of large ones
+        may stay exact where compressing the whole list pays; the whole-list
+        plan is never predicted slower than the best single candidate. Shapes
+        first seen in a later aggregation are planned one by one
+        (:meth:`select`).
+
+        Raises:
+          RuntimeError: :meth:`prepare` has not run.
+        """
+        planned = [v for v in values if self._plannable(v)]
+        if self.plan.choices or not planned:
+            return
+        choices = planner_auto.choose_all(
+            [(v.shape, v.dtype) for v in planned],
+            self.candidates,
+            workers=self.plan.workers,
+            bandwidth=self.plan.bandwidth,
+            latency=self.plan.latency,
+            calibration=self._calibration,
+            aggregation=self._aggregation,
+        )
+        for choice in choices:
+            self.plan.choices[choice.key] = choice
+            _log.info("tfcompress auto: %s", choice.text())
+
+    def _plannable(self, value) -> bool:
+        """Whether ``value`` is planned: a float tensor of static shape the policy compresses.
+
+        Raises:
+          RuntimeError: :meth:`prepare` has not run (not made by a strategy factory).
+        """
+        if self.plan is None:
+            raise RuntimeError(
+                "compression='auto' is planned by the strategy: pass it to "
+                "tfcompress.distribute.MultiWorkerMirroredStrategy or MirroredStrategy"
+            )
+        if isinstance(value, tf.IndexedSlices) or value.dtype not in _FLOAT_DTYPES:
+            return False
+        size = value.shape.num_elements()
+        policy = self._policy
+        if size is None or size < policy.min_size:
+            return False
+        return policy.max_size is None or size <= policy.max_size
 
     def label_of(self, compressor: Compressor | None) -> str:
         """The candidate label of one of these rules' compressors (``"none"`` for ``None``)."""

@@ -181,6 +181,7 @@ class CompressingCollectiveAllReduce(internal.CollectiveAllReduceHook):
         if not isinstance(compressor, CompressionRules):
             return [compressor] * len(flat_values)
         names = self.value_names(len(flat_values)) or (None,) * len(flat_values)
+        compressor.see_all(flat_values)
         return [compressor.select(v, n) for v, n in zip(flat_values, names, strict=True)]
 
     def all_reduce_on_replica(self, reduce_op, value, replica_id, options):

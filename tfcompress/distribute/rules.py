@@ -190,6 +190,14 @@ class CompressionRules:
         """True when some matcher reads variable names."""
         return any(m.name is not None for m, _ in self.rules)
 
+    def see_all(self, values: list) -> None:
+        """Called with a whole aggregation's values before :meth:`select` sees each one.
+
+        Plain rules match value by value and need nothing here;
+        ``compression="auto"`` plans the whole list at its first sight.
+        """
+        del values
+
     def select(self, value, name: str | None = None) -> Compressor | None:
         """The compressor of ``value`` (a tensor or ``IndexedSlices``); ``None``: exact.
 

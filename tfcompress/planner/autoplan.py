@@ -28,6 +28,13 @@ the words of the cost model (:mod:`~tfcompress.planner.cost`):
    A greedy plan: the first tensor to choose a compressor pays its
    collectives' latency, the next ones share them (one pack; a model of
    several packs pays a latency per pack that the plan does not see).
+   At the first aggregation the strategy hands the whole gradient list to
+   :func:`choose_all`, which keeps the greedy plan only when its predicted
+   total (:func:`plan_seconds`) beats every uniform plan (one candidate for
+   every tensor) and uncompressed: alone, a small tensor ahead of the large
+   ones cannot pay a compressor's latency and the greedy pass would leave
+   it, and the ones after it, exact. Shapes first seen later are planned
+   one by one.
    Tensors the policy never compresses (below ``min_size``, not float) are
    not planned: they travel exactly under any choice.
 3. **The plan** (:class:`Plan`): each shape's :class:`Choice` (winner,
@@ -51,7 +58,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 
 import tensorflow as tf
 
@@ -74,6 +81,7 @@ __all__ = [
     "auto",
     "auto_candidates",
     "choose",
+    "choose_all",
     "shape_key",
     "timed_compressors",
 ]
@@ -305,3 +313,115 @@ def choose(
         none_seconds=seconds[NONE],
         candidates=seconds,
     )
+
+
+def choose_all(
+    specs: Sequence[tuple],
+    candidates: Mapping[str, Compressor | None],
+    *,
+    workers: int,
+    bandwidth: float | str,
+    latency: float | None,
+    calibration: Calibration,
+    aggregation: paths.Aggregation | str = "auto",
+) -> list[Choice]:
+    """A plan of the whole gradient list: the greedy per-shape plan, or one candidate for all.
+
+    The greedy plan (:func:`choose` shape after shape, in order) charges the
+    collectives' latency to the first shape that picks a compressor, so a
+    list of small tensors ahead of the large ones may stay uncompressed
+    where compressing all of them together pays. This compares, by the
+    predicted seconds of the whole list (:func:`plan_seconds`), the greedy
+    plan with every *uniform* plan (one candidate for every tensor it can
+    take, the others exact) and returns the least (ties: uncompressed
+    first, then greedy, then the candidates' order). So ``auto`` is never
+    predicted slower than the best single candidate, nor than uncompressed.
+
+    A pure function of its arguments: every worker makes the same plan.
+
+    Args:
+      specs: ``(shape, dtype)`` of every planned gradient, in the list's
+        order (repeated shapes included: each counts in the total).
+      candidates, workers, bandwidth, latency, calibration, aggregation: as
+        for :func:`choose`.
+
+    Returns:
+      One :class:`Choice` per distinct dtype and shape, in first-seen order.
+      Each one's ``candidates`` holds the marginal seconds the greedy pass
+      measured; ``seconds`` is the winner's among them.
+    """
+    specs = [(tf.TensorShape(shape), tf.as_dtype(dtype)) for shape, dtype in specs]
+    options = dict(
+        workers=workers,
+        bandwidth=bandwidth,
+        latency=latency,
+        calibration=calibration,
+        aggregation=aggregation,
+    )
+    greedy: dict[str, Choice] = {}
+    for shape, dtype in specs:
+        key = shape_key(shape, dtype)
+        if key not in greedy:
+            shared = {c.label for c in greedy.values()}
+            greedy[key] = choose(shape, dtype, candidates, shared=shared, **options)
+    plans = {NONE: {key: NONE for key in greedy}, "greedy": {k: c.label for k, c in greedy.items()}}
+    for label in candidates:
+        if label != NONE:
+            plans[label] = {
+                k: label if math.isfinite(c.candidates[label]) else NONE for k, c in greedy.items()
+            }
+    totals = {
+        name: plan_seconds(specs, plan, candidates, **options) for name, plan in plans.items()
+    }
+    best = min(plans, key=lambda name: (totals[name], list(plans).index(name)))
+    return [
+        dataclasses.replace(c, label=plans[best][key], seconds=c.candidates[plans[best][key]])
+        for key, c in greedy.items()
+    ]
+
+
+def plan_seconds(
+    specs: Sequence[tuple],
+    plan: Mapping[str, str],
+    candidates: Mapping[str, Compressor | None],
+    *,
+    workers: int,
+    bandwidth: float | str,
+    latency: float | None,
+    calibration: Calibration,
+    aggregation: paths.Aggregation | str = "auto",
+) -> float:
+    """Predicted seconds of one aggregation of ``specs`` under ``plan`` (key -> label).
+
+    Each compressed label's tensors are predicted together (one set of
+    collectives, :func:`~tfcompress.planner.predict`); the exact ones by the
+    bytes their all-reduce adds (the exact all-reduce runs anyway, as in
+    :func:`choose`).
+    """
+    rate = link_rate(bandwidth, "bandwidth")
+    alpha = latency_seconds(latency, "latency")
+    groups: dict[str, list] = {}
+    for shape, dtype in specs:
+        groups.setdefault(plan[shape_key(shape, dtype)], []).append(tf.TensorSpec(shape, dtype))
+    total = 0.0
+    for label, group in groups.items():
+        compressor = candidates[label]
+        if compressor is None:
+            exact = predict(
+                None, group, workers=workers, bandwidth=rate, latency=alpha, aggregation=aggregation
+            )
+            paid_anyway = alpha_beta.ring_all_reduce_seconds(0, workers, rate, alpha)
+            total += max(exact.seconds - paid_anyway, 0.0)
+            continue
+        prediction = predict(
+            compressor,
+            group,
+            workers=workers,
+            bandwidth=rate,
+            latency=alpha,
+            aggregation=aggregation,
+            calibration=calibration,
+            min_size=1,
+        )
+        total += sum(r.seconds for r in prediction.rows if r.path != "exact" and r.tensors)
+    return total
