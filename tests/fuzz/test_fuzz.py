@@ -16,8 +16,7 @@ import sys
 import numpy as np
 import pytest
 
-from tfcompress.fuzz import engine
-from tfcompress.fuzz.engine import FAMILIES, FuzzReport, format_table, replay, run
+from tfcompress.fuzz import FAMILIES, FuzzReport, engine, format_table, replay, run
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 

@@ -6,14 +6,8 @@ runs :func:`run` and prints :func:`format_table`; the families are in
 :func:`replay` decodes a saved crash or hang again (``tfcompress fuzz --replay FILE``).
 """
 
-from tfcompress.fuzz.engine import (
-    COUNTERS,
-    FAMILIES,
-    FuzzReport,
-    ReplayResult,
-    format_table,
-    replay,
-    run,
-)
+from tfcompress.fuzz.engine import FAMILIES, run
+from tfcompress.fuzz.replay import ReplayResult, replay
+from tfcompress.fuzz.report import COUNTERS, FuzzReport, format_table
 
 __all__ = ["COUNTERS", "FAMILIES", "FuzzReport", "ReplayResult", "format_table", "replay", "run"]

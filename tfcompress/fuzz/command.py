@@ -23,7 +23,9 @@ import json
 import os
 import sys
 
-from tfcompress.fuzz.engine import CHILD_PAYLOADS, FAMILIES, format_table, replay, run
+from tfcompress.fuzz.engine import CHILD_PAYLOADS, FAMILIES, run
+from tfcompress.fuzz.replay import replay
+from tfcompress.fuzz.report import format_table
 
 __all__ = ["configure_parser", "run_from_args"]
 

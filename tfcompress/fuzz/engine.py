@@ -66,32 +66,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from tfcompress.fuzz.names import FAMILIES
+from tfcompress.fuzz.report import COUNTERS, FuzzReport, format_table
 
-__all__ = [
-    "CHILD_PAYLOADS",
-    "COUNTERS",
-    "FAMILIES",
-    "FuzzReport",
-    "ReplayResult",
-    "format_table",
-    "replay",
-    "run",
-]
+__all__ = ["CHILD_PAYLOADS", "COUNTERS", "FAMILIES", "FuzzReport", "format_table", "run"]
 
-
-COUNTERS = (
-    "payloads",
-    "errors",
-    "same",
-    "changed",
-    "violations",
-    "unclean",
-    "disagreements",
-    "subnormal",
-    "crashes",
-    "hangs",
-)
-"""The per-family counters, in table order."""
 
 _STATUS = struct.Struct("<qqqq")  # phase, family index, payload index, payloads done
 _CHUNK = 64  # payloads of one family between two peak-RSS readings
@@ -104,62 +82,6 @@ _CASE_LENGTH = struct.Struct("<q")  # the case file: its length, then the case (
 # Where the children find the families (get_families); private, so a test can
 # put a decoder that crashes or hangs on purpose in their place.
 _FAMILIES_MODULE = "tfcompress.fuzz.families"
-_GROWTH_FROM = 10_000  # the table's memory growth: from the sample at this many payloads
-
-
-@dataclasses.dataclass
-class FuzzReport:
-    """What a fuzz run found.
-
-    Attributes:
-        families: family -> counter -> count (:data:`COUNTERS`), plus
-            ``max_rss_kb`` (the peak RSS of a child while decoding the family)
-            and ``changed_by_mutation`` (mutation -> silent accepts).
-        samples: family -> outcome -> up to 3 examples (mutation, payload id, message).
-        seconds: wall time of the run.
-        setup_rss_kb: the largest RSS of a child after its setup (TensorFlow,
-            the op library, the traced decoders), before any fuzzing.
-        children_max_rss_kb: the largest peak RSS (``VmHWM``) of this run's
-            children, killed ones included (sampled while they run).
-        workers: child processes at a time.
-        restarts: children started after a crash or hang.
-        recycled: children started because the one before had decoded its
-            ``child_payloads`` (:data:`CHILD_PAYLOADS`).
-        rss_curves: per child (in start order), its resident memory
-            (``VmRSS``) after setup and every 1,000 payloads, as
-            ``[payloads done, KiB]`` pairs.
-        findings: the files (:func:`replay` reads them) that hold the exact
-            payload of each crash and hang, in the order they happened.
-    """
-
-    families: dict[str, dict[str, Any]]
-    samples: dict[str, dict[str, list]]
-    seconds: float
-    setup_rss_kb: int
-    children_max_rss_kb: int
-    workers: int
-    restarts: int
-    recycled: int = 0
-    rss_curves: list[list[list[int]]] = dataclasses.field(default_factory=list)
-    findings: list[str] = dataclasses.field(default_factory=list)
-
-    def total(self, counter: str) -> int:
-        """The sum of ``counter`` over every family."""
-        return sum(int(f.get(counter, 0)) for f in self.families.values())
-
-    def rss_growth(self, after: int = 10_000) -> float | None:
-        """The largest relative growth of a child's resident memory after ``after`` payloads.
-
-        For each child that decoded more than ``after`` payloads: its last
-        sample over its first sample at or past ``after``, minus 1 (0.01 is
-        1 % growth). None when no child got that far.
-        """
-        growths = []
-        for curve in self.rss_curves:
-            later = [(done, kb) for done, kb in curve if done >= after]
-            if len(later) >= 2 and later[0][1] > 0:
-                growths.append(later[-1][1] / later[0][1] - 1)
-        return max(growths) if growths else None
 
 
 CHILD_PAYLOADS = 10_000
@@ -285,8 +207,6 @@ def _get_families(config: dict, names) -> list:
 
 def _child(config: dict) -> int:
     """Runs in the child process: fuzz until the budget is spent, reporting as it goes."""
-    if "replay" in config:
-        return _replay_child(config)
     import numpy as np  # noqa: PLC0415
 
     from tfcompress.fuzz.mutate import MUTATIONS, mutate  # noqa: PLC0415
@@ -743,208 +663,6 @@ def run(
         rss_curves=[rss_curves[k] for k in sorted(rss_curves)],
         findings=findings,
     )
-
-
-def format_table(report: FuzzReport) -> str:
-    """The report as a Markdown table with a total row, then the run's memory figures."""
-    header = [
-        "family",
-        "payloads",
-        "errors",
-        "accepted, same",
-        "accepted, changed",
-        "contract violations",
-        "unclean errors",
-        "disagreements",
-        "subnormal",
-        "crashes",
-        "hangs",
-        "peak RSS MiB",
-    ]
-    rows = []
-    for name, found in report.families.items():
-        rows.append(
-            [name, *(f"{found[c]:,}" for c in COUNTERS), f"{found['max_rss_kb'] / 1024:.0f}"]
-        )
-    rows.append(
-        [
-            "**total**",
-            *(f"{report.total(c):,}" for c in COUNTERS),
-            f"{max((f['max_rss_kb'] for f in report.families.values()), default=0) / 1024:.0f}",
-        ]
-    )
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    accepted: collections.Counter = collections.Counter()
-    for found in report.families.values():
-        accepted.update(found.get("changed_by_mutation", {}))
-    rate = report.total("payloads") / max(report.seconds, 1e-9)
-    lines += [
-        "",
-        f"{report.total('payloads'):,} payloads in {report.seconds:.0f} s ({rate:,.0f}/s, "
-        f"{report.workers} worker(s), {report.restarts} restart(s), "
-        f"{report.recycled} fresh child(ren) after their payloads); "
-        f"child RSS after setup {report.setup_rss_kb / 1024:.0f} MiB, "
-        f"largest child RSS {report.children_max_rss_kb / 1024:.0f} MiB.",
-        "Silent accepts with a changed output, by mutation: "
-        + (", ".join(f"{k} {v:,}" for k, v in accepted.most_common()) or "none"),
-    ]
-    for number, curve in enumerate(report.rss_curves):
-        at = next(((d, kb) for d, kb in curve if d >= _GROWTH_FROM), None)
-        end = curve[-1]
-        text = f"Child {number} RSS: {curve[0][1] / 1024:.0f} MiB after setup"
-        if at is not None and end[0] > at[0]:
-            text += (
-                f", {at[1] / 1024:.1f} MiB at {at[0]:,} payloads, {end[1] / 1024:.1f} MiB at "
-                f"{end[0]:,} ({100 * (end[1] / at[1] - 1):+.2f} %)"
-            )
-        else:
-            text += f", {end[1] / 1024:.1f} MiB at {end[0]:,} payloads"
-        lines.append(text + ".")
-    for path in report.findings:
-        lines.append(f"Saved: {path} (replay: tfcompress fuzz --replay {path})")
-    return "\n".join(lines)
-
-
-@dataclasses.dataclass
-class ReplayResult:
-    """What decoding one saved payload again did (:func:`replay`).
-
-    Attributes:
-        outcome: ``"decoded"`` (every decoder returned or raised),
-            ``"crashes"`` or ``"hangs"``.
-        meta: the saved payload's family, seed, index, mutation, attributes,
-            and the outcome and message of the run that saved it.
-        decodes: ``"<implementation> <graph|eager>"`` -> ``"ok <shape>"``,
-            ``"invalid: <message>"`` or ``"other: <message>"``, in the order run
-            (empty when the child crashed or hung before reporting).
-        seconds: wall time of the replay, the child's start-up included.
-        message: the end of the child's stderr for a crash, its threads'
-            stacks for a hang; empty otherwise.
-    """
-
-    outcome: str
-    meta: dict[str, Any]
-    decodes: dict[str, str]
-    seconds: float
-    message: str = ""
-
-
-def _load_finding(path: str | os.PathLike) -> tuple[dict, dict]:
-    import numpy as np  # noqa: PLC0415
-
-    with np.load(path) as data:
-        meta = json.loads(str(data["meta"]))
-        tensors = {k.split("/", 1)[1]: data[k] for k in data.files if k.startswith("tensor/")}
-    return meta, tensors
-
-
-def replay(
-    path: str | os.PathLike, hang_seconds: float = 30.0, kernels: bool = True
-) -> ReplayResult:
-    """Decodes a saved payload again, in a child process, as the fuzzer did.
-
-    The payload (a file that :func:`run` saved at a crash or a hang) is
-    decoded by each implementation of its family (the C++ kernel unless
-    ``kernels`` is False, and the reference), in graph mode and eagerly.
-
-    Args:
-        path: the ``.npz`` file of the payload.
-        hang_seconds: the child's limit (start-up not counted); past it, its
-            threads' stacks are taken and it is killed.
-        kernels: decode with the C++ kernel too (else the reference only).
-
-    Returns:
-        What happened.
-
-    Raises:
-        ValueError: the file is not a saved payload.
-    """
-    try:
-        meta, _ = _load_finding(path)
-    except (OSError, KeyError, ValueError) as error:
-        raise ValueError(
-            f"replay: {path} is not a payload saved by tfcompress fuzz: {error}"
-        ) from error
-    start = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="tfcompress-replay-") as folder:
-        folder = pathlib.Path(folder)
-        status = folder / "status"
-        status.write_bytes(bytes(_STATUS.size))
-        results = folder / "results.json"
-        config = {
-            "replay": str(path),
-            "families_module": _FAMILIES_MODULE,
-            "kernels": kernels,
-            "status": str(status),
-            "results": str(results),
-        }
-        stderr_path = folder / "stderr"
-        with open(stderr_path, "wb") as stderr_file:  # a file: a full pipe would block
-            process = subprocess.Popen(
-                [sys.executable, "-m", "tfcompress.fuzz.engine", json.dumps(config)],
-                stdout=subprocess.DEVNULL,
-                stderr=stderr_file,
-                env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
-            )
-        decoding_since = None
-        outcome = None
-        while process.poll() is None:
-            time.sleep(0.1)
-            if decoding_since is None and _read_status(status)[0] >= 1:
-                decoding_since = time.monotonic()
-            if decoding_since is not None and time.monotonic() - decoding_since > hang_seconds:
-                with contextlib.suppress(OSError):
-                    process.send_signal(signal.SIGUSR1)
-                    time.sleep(_STACK_DUMP_SECONDS)
-                process.kill()
-                process.wait()
-                outcome = "hangs"
-        stderr = stderr_path.read_text(errors="replace")
-        found = _read_results(results) or {}
-        if outcome is None:
-            outcome = "decoded" if process.returncode == 0 and found.get("final") else "crashes"
-    return ReplayResult(
-        outcome=outcome,
-        meta=meta,
-        decodes=found.get("decodes", {}),
-        seconds=time.monotonic() - start,
-        message="" if outcome == "decoded" else _tail(stderr, outcome),
-    )
-
-
-def _replay_child(config: dict) -> int:
-    """Runs in the child process of :func:`replay`: decodes the saved payload every way."""
-    from tfcompress.fuzz.families import Case  # noqa: PLC0415
-
-    faulthandler.register(signal.SIGUSR1, all_threads=True)
-    status_file = open(config["status"], "r+b")  # noqa: SIM115
-    status = mmap.mmap(status_file.fileno(), _STATUS.size)
-    meta, tensors = _load_finding(config["replay"])
-    (family,) = _get_families(config, [meta["family"]])
-    case = Case(tensors, dict(meta["attributes"]))
-    implementations = ("kernel", "reference") if family.has_kernel and config["kernels"] else ()
-    implementations = implementations or ("reference",)
-    graphs = {
-        (family.name, i): family.graph_decoder(i, tuple(case.attributes)) for i in implementations
-    }
-    decodes: dict[str, str] = {}
-
-    def write(final: bool) -> None:
-        path = pathlib.Path(config["results"])
-        path.with_suffix(".tmp").write_text(json.dumps({"decodes": decodes, "final": final}))
-        path.with_suffix(".tmp").replace(path)
-
-    _STATUS.pack_into(status, 0, 1, 0, int(meta["index"]), 0)
-    for implementation in implementations:
-        for eager in (False, True):
-            kind, found = _decode(family, graphs, case, implementation, eager)
-            text = f"ok {list(found.shape)}" if kind == "ok" else f"{kind}: {found}"
-            decodes[f"{implementation} {'eager' if eager else 'graph'}"] = text
-            write(False)
-    _STATUS.pack_into(status, 0, 2, 0, int(meta["index"]), 1)
-    write(True)
-    return 0
 
 
 if __name__ == "__main__":
