@@ -283,28 +283,18 @@ def choose(
     rate = link_rate(bandwidth, "bandwidth")
     alpha = latency_seconds(latency, "latency")
     spec = [tf.TensorSpec(shape, dtype)]
-    seconds: dict[str, float] = {}
-    for label, compressor in candidates.items():
-        if compressor is None:
-            exact = predict(
-                None, spec, workers=workers, bandwidth=rate, latency=alpha, aggregation=aggregation
-            )
-            paid_anyway = alpha_beta.ring_all_reduce_seconds(0, workers, rate, alpha)
-            seconds[label] = max(exact.seconds - paid_anyway, 0.0)
-            continue
-        prediction = predict(
+    seconds = {
+        label: _seconds_of(
             compressor,
             spec,
             workers=workers,
-            bandwidth=rate,
-            latency=0.0 if label in shared else alpha,
+            rate=rate,
+            alpha=0.0 if label in shared else alpha,
             aggregation=aggregation,
             calibration=calibration,
-            min_size=1,
         )
-        rows = [r for r in prediction.rows if r.path != "exact" and r.tensors]
-        # Not taken (a dtype it does not support): it cannot win.
-        seconds[label] = sum(r.seconds for r in rows) if rows else math.inf
+        for label, compressor in candidates.items()
+    }
     label = min(seconds, key=lambda name: (seconds[name], name != NONE))
     return Choice(
         key=shape_key(shape, dtype),
@@ -403,25 +393,53 @@ def plan_seconds(
     groups: dict[str, list] = {}
     for shape, dtype in specs:
         groups.setdefault(plan[shape_key(shape, dtype)], []).append(tf.TensorSpec(shape, dtype))
-    total = 0.0
-    for label, group in groups.items():
-        compressor = candidates[label]
-        if compressor is None:
-            exact = predict(
-                None, group, workers=workers, bandwidth=rate, latency=alpha, aggregation=aggregation
-            )
-            paid_anyway = alpha_beta.ring_all_reduce_seconds(0, workers, rate, alpha)
-            total += max(exact.seconds - paid_anyway, 0.0)
-            continue
-        prediction = predict(
-            compressor,
+    return sum(
+        _seconds_of(
+            candidates[label],
             group,
             workers=workers,
-            bandwidth=rate,
-            latency=alpha,
+            rate=rate,
+            alpha=alpha,
             aggregation=aggregation,
             calibration=calibration,
-            min_size=1,
         )
-        total += sum(r.seconds for r in prediction.rows if r.path != "exact" and r.tensors)
-    return total
+        for label, group in groups.items()
+    )
+
+
+def _seconds_of(
+    compressor: Compressor | None,
+    specs: list,
+    *,
+    workers: int,
+    rate: float,
+    alpha: float,
+    aggregation: paths.Aggregation | str,
+    calibration: Calibration,
+) -> float:
+    """Predicted seconds that ``specs`` add to one aggregation through ``compressor``.
+
+    ``None`` (exact): the bytes their all-reduce adds, its latency being paid
+    anyway (small tensors, biases and the non-finite flag travel exactly
+    under any plan). A compressor: its compress, wire (its collectives'
+    latency ``alpha`` included) and decode seconds; ``inf`` when it takes
+    none of them (a dtype it does not support).
+    """
+    if compressor is None:
+        exact = predict(
+            None, specs, workers=workers, bandwidth=rate, latency=alpha, aggregation=aggregation
+        )
+        paid_anyway = alpha_beta.ring_all_reduce_seconds(0, workers, rate, alpha)
+        return max(exact.seconds - paid_anyway, 0.0)
+    prediction = predict(
+        compressor,
+        specs,
+        workers=workers,
+        bandwidth=rate,
+        latency=alpha,
+        aggregation=aggregation,
+        calibration=calibration,
+        min_size=1,
+    )
+    rows = [r for r in prediction.rows if r.path != "exact" and r.tensors]
+    return sum(r.seconds for r in rows) if rows else math.inf
