@@ -18,13 +18,24 @@ over fp16, and "not worth it" where compression loses to uncompressed.
   returns a built Keras model (its trainable weights are the gradients) or a
   list of shapes. The current directory is importable, as with ``python -m``.
 
+``tfcompress bench aggregate --models`` takes the same forms, through the
+same loader (:func:`model_shape_list`).
+
 The numbers are model output (docs/PLANNER.md): one aggregation, compute and
 collectives in sequence, with the latency of ``--latency`` per message.
+
+``--project`` evaluates the same model beyond this machine
+(:mod:`tfcompress.planner.projection`): 8-256 workers and 1-400 Gbit/s links
+(or the ``--workers``/``--bandwidth`` given), compute stated as GPU kernel
+throughputs (``--gpu-efficiency`` of an H100's memory bandwidth) instead of
+calibrated, 10 us per message unless ``--latency``; ``--plot FILE`` draws the
+best candidate's speed-up per cell. Model output, marked as such.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import json
 import math
@@ -35,24 +46,26 @@ import sys
 from tfcompress.launch import arguments
 from tfcompress.planner.link import DEFAULT_LATENCY, format_rate
 
-__all__ = ["configure_parser", "model_shapes", "run_from_args"]
+__all__ = ["MODEL_FORMS", "configure_parser", "model_shape_list", "model_shapes", "run_from_args"]
 
-_MODEL_FORMS = (
+#: What ``--model`` (and ``tfcompress bench aggregate --models``) accepts, for messages.
+MODEL_FORMS = (
     "resnet20, resnet18, a FILE.json of shapes, or pkg.module:function returning a Keras model"
 )
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     """Adds the options of ``tfcompress advise``."""
-    parser.add_argument("--model", required=True, help=f"the gradients: {_MODEL_FORMS}")
+    parser.add_argument("--model", required=True, help=f"the gradients: {MODEL_FORMS}")
     parser.add_argument(
-        "--workers", required=True, type=arguments.positive_int, help="number of workers N"
+        "--workers",
+        type=arguments.positive_int,
+        help="number of workers N (required, but with --project)",
     )
     parser.add_argument(
         "--bandwidth",
-        required=True,
         type=arguments.link_rate,
-        help="each worker's link, in tc's syntax (100mbit, 1gbit)",
+        help="each worker's link, in tc's syntax (100mbit, 1gbit; required, but with --project)",
     )
     parser.add_argument(
         "--latency",
@@ -62,14 +75,38 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         help=f"seconds per message of a collective step (default {DEFAULT_LATENCY:g})",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument(
+        "--project",
+        action="store_true",
+        help="model output for GPU clusters: 8-256 workers, 1-400 Gbit/s links, stated kernel "
+        "throughputs (tfcompress.planner.projection); --latency default 10 us there",
+    )
+    parser.add_argument(
+        "--gpu-efficiency",
+        type=arguments.non_negative_float,
+        default=None,
+        metavar="F",
+        help="with --project: the fraction of an H100's 3.35 TB/s the kernels reach (0.25)",
+    )
+    parser.add_argument("--plot", metavar="FILE", help="with --project: draw the grid (PNG)")
 
 
 def run_from_args(args: argparse.Namespace) -> int:
     """Runs ``tfcompress advise``; returns the exit status."""
+    project = getattr(args, "project", False)
+    if not project:
+        missing = [o for o in ("--workers", "--bandwidth") if getattr(args, o[2:]) is None]
+        if missing:
+            args.usage_error(f"the following arguments are required: {', '.join(missing)}")
+        for option in ("--gpu-efficiency", "--plot"):
+            if getattr(args, option[2:].replace("-", "_"), None) is not None:
+                args.usage_error(f"argument {option}: only with --project")
     try:
         shapes, description = model_shapes(args.model)
     except ValueError as error:
         args.usage_error(f"argument --model: {error}")
+    if project:
+        return _project(args, shapes, description)
     from tfcompress import planner  # noqa: PLC0415 - TensorFlow only when the command runs
 
     advice = planner.advise(
@@ -109,7 +146,87 @@ def model_shapes(model: str) -> tuple[object, str]:
         return _json_shapes(pathlib.Path(model)), model
     if ":" in model:
         return _factory_shapes(model), model
-    raise ValueError(f"unknown model {model!r}; give {_MODEL_FORMS}")
+    raise ValueError(f"unknown model {model!r}; give {MODEL_FORMS}")
+
+
+def _project(args: argparse.Namespace, shapes, description: str) -> int:
+    """``--project``: the model over GPU clusters, as a table (and a plot), marked as model output."""
+    from tfcompress.planner import projection  # noqa: PLC0415
+
+    workers = projection.DEFAULT_WORKERS if args.workers is None else (args.workers,)
+    rates = projection.DEFAULT_BANDWIDTHS if args.bandwidth is None else (args.bandwidth,)
+    stated = {}
+    if args.latency is not None:
+        stated["latency"] = args.latency
+    if args.gpu_efficiency is not None:
+        stated["efficiency"] = args.gpu_efficiency
+    try:
+        assumptions = projection.GpuAssumptions(**stated)
+    except ValueError as error:
+        args.usage_error(f"argument --gpu-efficiency: {error}")
+    cells = projection.project(shapes, workers=workers, bandwidths=rates, assumptions=assumptions)
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "model": args.model,
+                    "description": description,
+                    "model_output": True,
+                    "assumptions": dataclasses.asdict(assumptions),
+                    "cells": [c.as_dict() for c in cells],
+                },
+                indent=2,
+            )
+        )
+    else:
+        a = assumptions
+        print(
+            f"{description}: MODEL OUTPUT, not measured. Compute stated: kernels at "
+            f"{a.efficiency:g} x {a.memory_bandwidth / 1e12:g} TB/s (H100 HBM3), "
+            f"{a.encode_bytes:g} B/element to encode, {a.decode_bytes:g} + {a.payload_bytes:g} "
+            f"per payload to decode, {a.kernel_seconds * 1e6:g} us per call; "
+            f"{a.latency * 1e6:g} us per message.\n"
+        )
+        print(projection.format_projection(cells))
+    if args.plot:
+        projection.plot_projection(
+            cells,
+            args.plot,
+            f"{description}: predicted speed-up of the best safe compressor "
+            "(model output, stated GPU costs)",
+        )
+        print(f"\nwritten: {args.plot}", file=sys.stderr)
+    return 0
+
+
+def model_shape_list(model: str) -> list[tuple[int, ...]]:
+    """The gradient shapes of ``--model`` as plain tuples (:func:`model_shapes`' forms).
+
+    A Keras model gives the shapes of its trainable weights. The aggregation
+    benchmark calls this in the command (to check ``--models`` before any
+    launch) and in every worker.
+
+    Raises:
+      ValueError: as :func:`model_shapes`, or an item that is not a shape.
+
+    >>> model_shape_list("resnet20")[:2]
+    [(3, 3, 3, 16), (16,)]
+    """
+    made, _ = model_shapes(model)
+    items = list(made.trainable_weights) if hasattr(made, "trainable_weights") else list(made)
+    if not items:
+        raise ValueError(f"{model!r} has no gradients (no trainable weights or shapes)")
+    shapes = []
+    for i, item in enumerate(items):
+        shape = getattr(item, "shape", item)
+        try:
+            dims = tuple(int(d) for d in shape)
+        except (TypeError, ValueError):
+            raise ValueError(f"{model!r}: item {i} ({shape!r}) is not a tensor shape") from None
+        if any(d < 0 for d in dims):
+            raise ValueError(f"{model!r}: item {i} ({shape!r}) has a negative size")
+        shapes.append(dims)
+    return shapes
 
 
 def _json_shapes(path: pathlib.Path) -> list[list[int]]:

@@ -50,7 +50,7 @@ CASES = [
     ),
     (
         ["aggregate", "--models", "foo"],
-        "argument --models: invalid choice: 'foo' (choose from 'resnet20', 'resnet18')",
+        "argument --models: unknown model 'foo'; give resnet20, resnet18, a FILE.json",
     ),
     (["aggregate", "--aggregations", "buckets"], "--aggregations: unknown 'buckets';"),
     (["train", "--variants", "nope"], "--variants (task cnn): unknown 'nope'; valid names:"),

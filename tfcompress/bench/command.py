@@ -3,6 +3,7 @@
 tfcompress bench ops [--sizes 1000000 25000000] [--repeats 7] [--out DIR] [--plot]
 tfcompress bench aggregate [--cluster local|tf_config] [--models ...] [--workers ...] ...
 tfcompress bench train [--task cnn|mlp] [--cluster local|tf_config] [--variants ...] ...
+tfcompress bench soak [--workers 4] [--steps 2000] [--sample-every 10] [--rows ...] ...
 tfcompress bench gradiveq [--train-steps 30] [--sampling-steps 40] [--out DIR] [--plot]
 tfcompress bench gradiveq --fidelity [--kinds ...] [--shapes small|resnet20|resnet18] ...
 tfcompress bench deepreduce [--ratios 0.01 0.1] [--repeats 5] [--out DIR] [--plot]
@@ -64,6 +65,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     ops.add_argument("--plot", action="store_true", help="also draw ops.png (matplotlib)")
     _configure_aggregate(benchmarks)
     _configure_train(benchmarks)
+    _configure_soak(benchmarks)
     _configure_gradiveq(benchmarks)
     _configure_deepreduce(benchmarks)
 
@@ -90,10 +92,11 @@ def _configure_aggregate(benchmarks) -> None:
     agg.add_argument(
         "--models",
         nargs="+",
-        choices=list(MODELS),
         metavar="MODEL",
         default=["resnet20", "resnet18"],
-        help="gradient shapes of these models: " + ", ".join(MODELS),
+        help="gradient shapes of these models, as tfcompress advise --model takes them: "
+        + ", ".join(MODELS)
+        + ", a FILE.json of shapes, or pkg.module:function returning a Keras model",
     )
     _add_cluster_option(agg)
     agg.add_argument(
@@ -119,7 +122,8 @@ def _configure_aggregate(benchmarks) -> None:
         help="compressors (default: all but the phased "
         + ", ".join(repr(v) for v in VARIANTS if v not in DEFAULT_VARIANTS)
         + ", timed per block of sampling and compressed calls): "
-        + ", ".join(map(repr, VARIANTS)).replace("%", "%%"),  # argparse formats help with %
+        + ", ".join(map(repr, VARIANTS)).replace("%", "%%")  # argparse formats help with %
+        + ", or a registry compressor with options ('qsgd bits=2', 'ef(topk ratio=0.01)')",
     )
     agg.add_argument(
         "--aggregations",
@@ -152,6 +156,13 @@ def _configure_aggregate(benchmarks) -> None:
     agg.add_argument("--timeout", type=positive_float, default=1800, help="seconds per launch")
     agg.add_argument("--out", default=None)
     agg.add_argument("--plot", action="store_true")
+    agg.add_argument(
+        "--no-predict",
+        dest="predict",
+        action="store_false",
+        help="leave out the planner's predicted time of each row (by default this machine's "
+        "calibration is read, or timed once and cached, before the first launch)",
+    )
 
 
 def _add_cluster_option(parser: argparse.ArgumentParser) -> None:
@@ -246,6 +257,62 @@ def _configure_train(benchmarks) -> None:
     )
     train.add_argument("--out", default=None)
     train.add_argument("--plot", action="store_true")
+
+
+def _configure_soak(benchmarks) -> None:
+    from tfcompress.bench.soak.rows import ROWS  # noqa: PLC0415
+
+    soak = benchmarks.add_parser(
+        "soak",
+        help="resident memory and step time of long runs of the mlp task per stateful compressor",
+        description="Every worker's resident memory and step time sampled over a long run "
+        "of the link-bound MLP (bench train's mlp task), per stateful compressor and "
+        "uncompressed: growth after warm-up, step-time drift, final accuracy.",
+    )
+    soak.add_argument("--workers", type=positive_int, default=4, help="workers (default 4)")
+    soak.add_argument(
+        "--steps", type=positive_int, default=2000, help="training steps per row (default 2000)"
+    )
+    soak.add_argument(
+        "--sample-every",
+        type=positive_int,
+        default=10,
+        help="steps between two samples (default 10)",
+    )
+    soak.add_argument(
+        "--warmup-steps",
+        type=non_negative_int,
+        default=None,
+        help="the reference step of the memory growth (default: 500, or a quarter of "
+        "a shorter run)",
+    )
+    soak.add_argument(
+        "--rows",
+        nargs="*",
+        metavar="NAME",
+        help="rows (default: all): " + ", ".join(map(repr, ROWS)).replace("%", "%%"),
+    )
+    soak.add_argument(
+        "--bandwidth",
+        type=link_rate,
+        default=None,
+        help="link rate (tc syntax; needs root, as bench train's), or 'none' for loopback "
+        "(the default)",
+    )
+    soak.add_argument(
+        "--train-size",
+        type=non_negative_int,
+        default=0,
+        help="training images (0: all 60,000, the default)",
+    )
+    soak.add_argument(
+        "--batch-size", type=positive_int, default=128, help="global batch size (default 128)"
+    )
+    soak.add_argument(
+        "--timeout", type=positive_float, default=7200, help="seconds per row (default 7200)"
+    )
+    soak.add_argument("--out", default=None, help="folder for soak.md, soak.json and soak.png")
+    soak.add_argument("--plot", action="store_true", help="also draw soak.png (matplotlib)")
 
 
 def _configure_gradiveq(benchmarks) -> None:
@@ -432,6 +499,10 @@ def run_from_args(args: argparse.Namespace) -> int:
         from tfcompress.bench import train  # noqa: PLC0415
 
         return train.main(args)
+    if args.benchmark == "soak":
+        from tfcompress.bench import soak  # noqa: PLC0415
+
+        return soak.main(args)
     if args.benchmark == "gradiveq" and args.fidelity:
         from tfcompress.bench import fidelity  # noqa: PLC0415
 

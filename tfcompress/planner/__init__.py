@@ -12,8 +12,9 @@ and :mod:`~tfcompress.planner.alpha_beta` (the collectives' formulas) <-
 :mod:`~tfcompress.planner.paths` (paths, buckets, packs and bytes, shared with
 the strategy) and :mod:`~tfcompress.planner.candidates` (the safe set) <-
 :mod:`~tfcompress.planner.calibration` <- :mod:`~tfcompress.planner.cost`
-(``predict``) <- :mod:`~tfcompress.planner.advice` and
-:mod:`~tfcompress.planner.autoplan` (``compression="auto"``'s choice) <- this package, which only re-exports,
+(``predict``) <- :mod:`~tfcompress.planner.advice`,
+:mod:`~tfcompress.planner.autoplan` (``compression="auto"``'s choice) and
+:mod:`~tfcompress.planner.projection` (GPU clusters, stated costs) <- this package, which only re-exports,
 on first attribute access, so that importing :mod:`tfcompress.planner.link`
 does not import TensorFlow.
 """
@@ -28,6 +29,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "candidates": ("safe_candidates",),
     "link": ("DEFAULT_LATENCY", "format_rate", "parse_rate"),
     "paths": ("Aggregation",),
+    "projection": ("GpuAssumptions", "ProjectionCell", "project"),
     "cost": ("Prediction", "UnitRow", "predict", "tensor_specs"),
 }
 
@@ -40,6 +42,7 @@ _SUBMODULES = (
     "cost",
     "link",
     "paths",
+    "projection",
 )
 
 __all__ = sorted(name for names in _EXPORTS.values() for name in names)

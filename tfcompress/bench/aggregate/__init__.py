@@ -1,7 +1,10 @@
 """Time of one gradient aggregation (compress + collectives + decode) per aggregation path.
 
-For each model's gradient shapes (``--models``, see
-:mod:`tfcompress.bench.models`), number of workers (``--workers``, e.g. 2 4 8)
+For each model's gradient shapes (``--models``: the forms of ``tfcompress
+advise --model``, through its loader :func:`tfcompress.advise.model_shape_list`:
+``resnet20``, ``resnet18`` (:mod:`tfcompress.bench.models`), a ``FILE.json``
+of shapes, or ``pkg.module:function`` returning a Keras model), number of
+workers (``--workers``, e.g. 2 4 8)
 and link rate, starts the workers with the launcher (``--bandwidth``: one
 network namespace per worker behind a rate-limited bridge, needs root;
 ``--bandwidth none``: loopback), and in that one run times every row: a
@@ -21,6 +24,14 @@ variant (compressor, ``--variants``) under an aggregation setting
   in one pack. Opt-in (not in ``DEFAULT_AGGREGATIONS``): next to ``auto``
   (4 MiB packs: the compression of pack ``p + 1`` overlaps the collectives of
   pack ``p``) it shows what the pipelining of packs is worth.
+
+Besides the labels of :data:`VARIANTS`, ``--variants`` takes free-form
+compressors of the registry (:func:`~tfcompress.bench.aggregate.rows.parse_variant`):
+``"qsgd bits=2"``, ``"topk ratio=0.01"``, a wrapper around its inner
+compressor, ``"ef(topk ratio=0.01)"`` (``ef`` is ``error_feedback``),
+``"diana(qsgd bits=4) alpha=0.5"``; values are read as int, float,
+``true``/``false``, ``none`` or text. They are made once before any launch,
+so an unknown name or option fails at once with the registry's message.
 
 Summable variants (uncompressed, fp16, gradiveq) are all-reduced whatever the
 mode, so of the ``--aggregations`` they only get ``auto`` and ``one pack``
@@ -53,6 +64,20 @@ per block instead, see below. Columns:
 * **time (ms)**: median wall time of one call (phased rows: the block
   average, below); **vs uncompressed**: the uncompressed row's time over
   this one (same model, workers and link);
+* **predicted (ms)**, **error**: what the planner predicts for the row
+  (``tfcompress.planner.predict`` of its compressor, the model's shapes,
+  ``N``, the row's aggregation setting and the cell's link) and
+  ``predicted / measured - 1``. The link: the cell's rate, or on the
+  loopback the rate of the probe collective of ``compression="auto"``
+  (:func:`tfcompress.distribute.auto.probe_link`, run once per cell by
+  every worker); the latency is always the probe's. Compute costs are this
+  machine's calibration, read (or timed once and cached) by the command
+  before the first launch; ``--no-predict`` leaves the columns empty.
+  ``auto`` rows predict the plan the strategy made; phased rows the
+  compressing phase; ``n/a`` where the planner cannot predict (payload sizes
+  that depend on the data). ``aggregate.json`` keeps each row's
+  ``predicted``: its parts, paths, bytes and link; ``--plot`` adds
+  ``aggregate-predicted.png`` (predicted against measured, log-log);
 * **block (ms)**: phased rows only, ``L_t x s + L_c x c``: the steps of a
   block and the mean wall time of one call per phase (``s`` sampling, ``c``
   compressed);
@@ -164,7 +189,12 @@ each worker runs, ``python -m tfcompress.bench.aggregate --worker``) and
 This package only re-exports.
 """
 
-from tfcompress.bench.aggregate.report import format_table, wire_limit_seconds
+from tfcompress.bench.aggregate.report import (
+    format_table,
+    predict_row,
+    prediction_error,
+    wire_limit_seconds,
+)
 from tfcompress.bench.aggregate.rows import (
     AGGREGATIONS,
     DEFAULT_AGGREGATIONS,
@@ -172,10 +202,13 @@ from tfcompress.bench.aggregate.rows import (
     GRADIENTS,
     MIN_COMPRESSED_CALLS,
     VARIANTS,
+    CompressorSpec,
     PhasePlan,
     Variant,
     block_average,
+    check_variants,
     make_compressor,
+    parse_variant,
     phase_plan,
     summable_settings,
 )
@@ -193,14 +226,19 @@ __all__ = [
     "GRADIENTS",
     "MIN_COMPRESSED_CALLS",
     "VARIANTS",
+    "CompressorSpec",
     "PhasePlan",
     "Variant",
     "block_average",
     "check_names",
+    "check_variants",
     "format_table",
     "main",
     "make_compressor",
+    "parse_variant",
     "phase_plan",
+    "predict_row",
+    "prediction_error",
     "summable_settings",
     "wire_limit_seconds",
     "worker_main",

@@ -15,7 +15,10 @@ __all__ = [
     "cosine_cell",
     "format_table",
     "plot_timeline",
+    "plot_predictions",
     "plot_times",
+    "predict_row",
+    "prediction_error",
     "rate_bits_per_second",
     "wire_limit_seconds",
 ]
@@ -51,7 +54,7 @@ def wire_limit_seconds(row: dict, workers: int, rate: float) -> float:
 
 _HEADER = (
     "| model | workers | link | variant | aggregation | path | packs | time (ms) "
-    "| vs uncompressed | block (ms) | compress (ms) | collectives (ms) | decode (ms) | sent MB "
+    "| predicted (ms) | error | vs uncompressed | block (ms) | compress (ms) | collectives (ms) | decode (ms) | sent MB "
     "| limit (ms) | time / limit | cos: median [min] |"
 )
 
@@ -62,7 +65,7 @@ _FOOTNOTE = (
     "compress, collectives, decode, sent MB and limit; packs are the last compressed call's. "
     "With refit blocks (`then L_r x s' + L_c x c'`: the blocks after the first sample L_r "
     "times) the time and its columns are those of a refit block, what every block after the "
-    "first costs. cos: of each timed call's aggregated sum with the exact sum of the "
+    "first costs; their predicted time is that of a compressed call. cos: of each timed call's aggregated sum with the exact sum of the "
     "workers' tensors, median and least over the row's timed calls."
 )
 
@@ -87,6 +90,68 @@ def cosine_cell(row: dict) -> str:
     return f"{statistics.median(cosines):.3f} [{min(cosines):.3f}]"
 
 
+def predict_row(
+    compressor, shapes, workers: int, aggregation, link: dict, calibration=None
+) -> dict:
+    """The planner's prediction of one row (``tfcompress.planner.predict``), JSON-ready.
+
+    Args:
+      compressor: the row's compression (a compressor, ``None``, or the
+        prepared rules of ``"auto"``: their plan is predicted).
+      shapes: the model's gradient shapes.
+      workers: ``N``.
+      aggregation: the row's ``tfcompress.distribute.Aggregation``.
+      link: ``bandwidth`` (bits/s) and ``latency`` (seconds per message), and
+        whatever else should be stored with the prediction (where they came from).
+      calibration: compute costs; ``None``: this machine's, cached
+        (``tfcompress.planner.calibrate``).
+
+    Returns:
+      ``seconds``, ``compress_seconds``, ``wire_seconds``, ``decode_seconds``,
+      ``bytes_per_worker`` and ``paths``, with ``link``'s items; or ``error``
+      (and ``link``'s items) when the planner cannot predict the compressor
+      (payload sizes that depend on the data: Threshold, entropy codecs).
+    """
+    from tfcompress import planner  # noqa: PLC0415
+
+    try:
+        prediction = planner.predict(
+            compressor,
+            shapes,
+            workers=workers,
+            bandwidth=link["bandwidth"],
+            latency=link["latency"],
+            aggregation=aggregation,
+            calibration=calibration,
+        )
+    except ValueError as error:
+        return {"error": str(error), **link}
+    return {
+        "seconds": prediction.seconds,
+        "compress_seconds": prediction.compress_seconds,
+        "wire_seconds": prediction.wire_seconds,
+        "decode_seconds": prediction.decode_seconds,
+        "bytes_per_worker": prediction.bytes_per_worker,
+        "paths": list(prediction.paths),
+        **link,
+    }
+
+
+def prediction_error(row: dict) -> float:
+    """``(predicted - measured) / measured`` of a row with a prediction (``predicted.seconds``)."""
+    return row["predicted"]["seconds"] / row["seconds"] - 1.0
+
+
+def _prediction_cells(row: dict) -> tuple[str, str]:
+    """The predicted (ms) and error cells: empty without a prediction, ``n/a`` when it failed."""
+    predicted = row.get("predicted")
+    if not predicted:
+        return "", ""
+    if "seconds" not in predicted:
+        return "n/a", ""
+    return f"{1000 * predicted['seconds']:.1f}", f"{prediction_error(row):+.0%}"
+
+
 def _breakdown(row: dict) -> tuple[float, float, float]:
     """(compress, collectives, decode) seconds of one call; collectives clipped at 0."""
     compress = row.get("compress_seconds", 0.0)
@@ -101,7 +166,7 @@ def format_table(results: list[dict]) -> str:
     """
     lines = [
         _HEADER,
-        "|---|---:|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---:|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     base: dict[tuple, dict] = {}
     for r in results:  # the cell's first uncompressed row
@@ -111,7 +176,7 @@ def format_table(results: list[dict]) -> str:
     for r in results:
         cell = f"| {r['model']} | {r['workers']} | {r['bandwidth']} | {r['variant']} |"
         if not r.get("available"):
-            lines.append(f"{cell} | | | not available |" + " |" * 9)
+            lines.append(f"{cell} | | | not available |" + " |" * 11)
             continue
         aggregation = r.get("aggregation", "")
         if r.get("same_as"):
@@ -127,9 +192,10 @@ def format_table(results: list[dict]) -> str:
         compress, collectives, decode = _breakdown(r)
         block = block_cell(r) if r.get("phases") else ""
         phased = phased or bool(block)
+        predicted, error = _prediction_cells(r)
         lines.append(
             f"{cell} {aggregation} | {r.get('path', '')} | {r.get('packs', '')} | "
-            f"{1000 * r['seconds']:.1f} | {speedup} | {block} | {1000 * compress:.1f} | "
+            f"{1000 * r['seconds']:.1f} | {predicted} | {error} | {speedup} | {block} | {1000 * compress:.1f} | "
             f"{1000 * collectives:.1f} | {1000 * decode:.1f} | {r['bytes_sent'] / 1e6:.2f} | "
             f"{limit_cell} | {ratio_cell} | {cosine_cell(r)} |"
         )
@@ -206,6 +272,46 @@ def plot_timeline(results: list[dict], path: pathlib.Path) -> bool:
         f"({len(timeline)} pack{'' if len(timeline) == 1 else 's'})"
     )
     ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return True
+
+
+def plot_predictions(results: list[dict], path: pathlib.Path) -> bool:
+    """Predicted against measured time (log-log), one point per row with a prediction.
+
+    Returns:
+      False (and draws nothing) when no row has a prediction.
+    """
+    rows = [r for r in results if r.get("available") and "seconds" in r.get("predicted", {})]
+    rows = [r for r in rows if not r.get("same_as")]  # a repeated row is one point
+    if not rows:
+        return False
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6.5, 6))
+    cells = list(dict.fromkeys((r["model"], r["workers"], r["bandwidth"]) for r in rows))
+    for cell in cells:
+        mine = [r for r in rows if (r["model"], r["workers"], r["bandwidth"]) == cell]
+        ax.scatter(
+            [1000 * r["seconds"] for r in mine],
+            [1000 * r["predicted"]["seconds"] for r in mine],
+            label=f"{cell[0]}, N={cell[1]}, {cell[2]}",
+            s=18,
+        )
+    values = [1000 * r["seconds"] for r in rows] + [1000 * r["predicted"]["seconds"] for r in rows]
+    low, high = min(values) / 1.5, max(values) * 1.5
+    ax.plot([low, high], [low, high], color="black", linewidth=0.8, label="predicted = measured")
+    for factor in (0.75, 1.25):
+        ax.plot([low, high], [low * factor, high * factor], color="grey", linewidth=0.6, ls="--")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlim(low, high)
+    ax.set_ylim(low, high)
+    ax.set_xlabel("measured time of one aggregation (ms)")
+    ax.set_ylabel("predicted by the planner (ms)")
+    ax.set_title("tfcompress.planner.predict vs bench aggregate (dashed: +-25%)")
+    ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

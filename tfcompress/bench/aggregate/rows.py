@@ -9,6 +9,7 @@ time: the command's parser reads these names on every ``tfcompress`` run.
 
 from __future__ import annotations
 
+import re
 from typing import NamedTuple
 
 __all__ = [
@@ -21,10 +22,14 @@ __all__ = [
     "SUMMABLE_SETTING",
     "SUMMABLE_SETTINGS",
     "VARIANTS",
+    "VARIANT_FORMS",
+    "CompressorSpec",
     "PhasePlan",
     "Variant",
     "block_average",
+    "check_variants",
     "make_compressor",
+    "parse_variant",
     "phase_plan",
     "summable_settings",
 ]
@@ -108,16 +113,156 @@ SUMMABLE_SETTINGS: tuple[str, ...] = ("auto", "one pack")
 SUMMABLE_SETTING = "auto"
 
 
+#: What ``--variants`` takes besides the labels of :data:`VARIANTS` (for messages).
+VARIANT_FORMS = (
+    "or a registry compressor with options, e.g. 'qsgd bits=2', 'topk ratio=0.01', "
+    "'ef(topk ratio=0.01)', 'diana(qsgd bits=4) alpha=0.5'"
+)
+
+#: Short names of wrappers in free-form variants.
+_ALIASES = {"ef": "error_feedback"}
+
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_OPTION = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)=(\S+)")
+
+
+class CompressorSpec(NamedTuple):
+    """A free-form variant, parsed (:func:`parse_variant`).
+
+    Attributes:
+      name: registry name (``ef`` already read as ``error_feedback``).
+      options: constructor options (ints, floats, booleans, ``None`` or strings).
+      inner: the wrapped compressor's spec (``ef(topk ratio=0.01)``), or ``None``.
+    """
+
+    name: str
+    options: dict
+    inner: CompressorSpec | None = None
+
+
+def _value(text: str):
+    """An option's value: int, float, true/false, none, else the text itself."""
+    lowered = text.lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    if lowered == "none":
+        return None
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def parse_variant(text: str) -> CompressorSpec:
+    """Parses a free-form variant: ``name key=value ...`` or ``wrapper(inner ...) key=value ...``.
+
+    Names are the registry's (``tfcompress.compressors.available()``; ``ef``
+    is ``error_feedback``); whether they and their options exist is checked
+    when the compressor is made (:func:`make_compressor`). No TensorFlow.
+
+    Raises:
+      ValueError: the text is not of that form (the message says where).
+
+    >>> spec = parse_variant("ef(topk ratio=0.01)")
+    >>> spec.name, spec.inner
+    ('error_feedback', CompressorSpec(name='topk', options={'ratio': 0.01}, inner=None))
+    """
+    stripped = text.strip()
+    match = _NAME.match(stripped)
+    if not match:
+        raise ValueError(f"{text!r}: expected a compressor name first")
+    name = _ALIASES.get(match.group().lower(), match.group().lower())
+    rest = stripped[match.end() :].lstrip()
+    inner = None
+    if rest.startswith("("):
+        depth, end = 0, None
+        for i, char in enumerate(rest):
+            depth += {"(": 1, ")": -1}.get(char, 0)
+            if depth == 0:
+                end = i
+                break
+        if end is None:
+            raise ValueError(f"{text!r}: unbalanced parentheses")
+        inner = parse_variant(rest[1:end])
+        rest = rest[end + 1 :]
+    options: dict = {}
+    for word in rest.split():
+        option = _OPTION.fullmatch(word)
+        if not option:
+            raise ValueError(f"{text!r}: {word!r} is not an option of the form key=value")
+        key = option.group(1)
+        if key in options or (key == "inner" and inner is not None):
+            raise ValueError(f"{text!r}: option {key!r} given twice")
+        options[key] = _value(option.group(2))
+    return CompressorSpec(name, options, inner)
+
+
+def _from_spec(spec: CompressorSpec, text: str):
+    """The compressor of a parsed free-form variant (the registry's own errors, with the text)."""
+    from tfcompress import compressors  # noqa: PLC0415
+
+    options = dict(spec.options)
+    if spec.inner is not None:
+        options["inner"] = _from_spec(spec.inner, text)
+    try:
+        made = compressors.get(spec.name, **options)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"{text!r}: {error}") from None
+    if made is None:
+        raise ValueError(f"{text!r}: 'none' is the variant 'uncompressed'")
+    return made
+
+
+def check_variants(labels: list[str] | None) -> str | None:
+    """``None`` when every label is a known variant or a valid free-form one; else the message.
+
+    Free-form variants are made once here (TensorFlow is imported only when there is one),
+    so a bad name or option fails before any worker starts.
+    """
+    for label in labels or ():
+        if label in VARIANTS:
+            continue
+        try:
+            spec = parse_variant(label)
+        except ValueError as error:
+            return _unknown(label, str(error))
+        from tfcompress import compressors  # noqa: PLC0415
+
+        if spec.name not in compressors.available() and spec.name != "none":
+            return _unknown(label, f"no compressor {spec.name!r} in the registry")
+        try:
+            _from_spec(spec, label)
+        except ValueError as error:
+            return f"--variants: {error}"
+    return None
+
+
+def _unknown(label: str, why: str) -> str:
+    valid = ", ".join(map(repr, VARIANTS))
+    return f"--variants: unknown {label!r}; valid names: {valid}, {VARIANT_FORMS} ({why})"
+
+
 def make_compressor(label: str):
     """A fresh compressor of the variant ``label``.
+
+    Args:
+      label: a key of :data:`VARIANTS`, or a free-form variant
+        (:func:`parse_variant`, e.g. ``"qsgd bits=2"``, ``"ef(topk ratio=0.01)"``).
 
     Returns:
       The compressor; ``None`` for uncompressed; ``"unavailable"`` when its
       compressor or wrapper is not registered in this build; for ``"auto"``
       the strategy's ``compression="auto"`` rules.
+
+    Raises:
+      ValueError: a free-form variant that is not valid (unknown name or option).
     """
     from tfcompress import compressors  # noqa: PLC0415
 
+    if label not in VARIANTS:
+        return _from_spec(parse_variant(label), label)
     variant = VARIANTS[label]
     if variant.name is None:
         return None

@@ -12,11 +12,14 @@ import argparse
 import json
 import os
 import pathlib
+import re
 import sys
 import tempfile
+import time
 
 from tfcompress.bench.aggregate.report import (
     format_table,
+    plot_predictions,
     plot_timeline,
     plot_times,
     rate_bits_per_second,
@@ -25,7 +28,8 @@ from tfcompress.bench.aggregate.rows import (
     AGGREGATIONS,
     DEFAULT_AGGREGATIONS,
     DEFAULT_VARIANTS,
-    VARIANTS,
+    check_variants,
+    make_compressor,
 )
 from tfcompress.bench.aggregate.worker import PROGRESS
 from tfcompress.bench.arguments import check_names, check_network, usage_error
@@ -63,27 +67,28 @@ def main(args: argparse.Namespace) -> int:
       0, 2 on a bad argument or ``TF_CONFIG`` (before anything runs), or the
       failed run's exit status.
     """
+    from tfcompress.advise import model_shape_list  # noqa: PLC0415
     from tfcompress.bench.cluster import (  # noqa: PLC0415
         TF_CONFIG_LINK,
         read_tf_config,
         report_failure,
         run_as_task,
     )
-    from tfcompress.bench.models import MODELS  # noqa: PLC0415
     from tfcompress.launch import launch  # noqa: PLC0415
 
     def fail(message: str) -> int:
         return usage_error(args, "aggregate", message)
 
+    for model in args.models:
+        try:
+            model_shape_list(model)  # the workers load it again, with the same loader
+        except ValueError as error:
+            return fail(f"argument --models: {error}")
     aggregations = getattr(args, "aggregations", None)
-    for given, valid, option in (
-        (args.models, MODELS, "--models"),
-        (args.variants, VARIANTS, "--variants"),
-        (aggregations, AGGREGATIONS, "--aggregations"),
-    ):
-        message = check_names(given, valid, option)
-        if message:
-            return fail(message)
+    message = check_variants(args.variants)
+    message = message or check_names(aggregations, AGGREGATIONS, "--aggregations")
+    if message:
+        return fail(message)
     variants = args.variants or list(DEFAULT_VARIANTS)
     aggregations = aggregations or list(DEFAULT_AGGREGATIONS)
     cluster = getattr(args, "cluster", None) or "local"
@@ -121,6 +126,9 @@ def main(args: argparse.Namespace) -> int:
         out.mkdir(parents=True, exist_ok=True)
     else:  # the chief's worker writes the rows; this task's stay unwritten
         out = pathlib.Path(tempfile.mkdtemp(prefix="tfcompress-bench-aggregate-task-"))
+    predict = getattr(args, "predict", True)
+    if predict:
+        _calibrate(variants)
     where = f" (as {me.task_type} {me.task_index} of TF_CONFIG's cluster)" if me else ""
     results = []
     cells = [(m, n, b) for m in args.models for n in worker_counts for b in rates]
@@ -131,7 +139,7 @@ def main(args: argparse.Namespace) -> int:
             file=sys.stderr,
             flush=True,
         )
-        result_file = out / f"aggregate-{model}-{n}-{rate}.json"
+        result_file = out / f"aggregate-{_file_part(model)}-{n}-{rate}.json"
         command = [
             sys.executable,
             "-m",
@@ -149,6 +157,9 @@ def main(args: argparse.Namespace) -> int:
             *aggregations,
             "--gradients",
             getattr(args, "gradients", "random"),
+            "--bandwidth",
+            rate,
+            *(["--predict"] if predict else []),
         ]
         env = {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": os.pathsep.join(sys.path)}
         if me is None:
@@ -186,5 +197,40 @@ def main(args: argparse.Namespace) -> int:
         written.append(out / "aggregate.png")
         if plot_timeline(results, out / "aggregate-timeline.png"):
             written.append(out / "aggregate-timeline.png")
+        if plot_predictions(results, out / "aggregate-predicted.png"):
+            written.append(out / "aggregate-predicted.png")
     print(f"\nwritten: {', '.join(map(str, written))}")
     return 0
+
+
+def _file_part(model: str) -> str:
+    """``model`` (a name, a path or ``pkg.module:function``) as part of a file name."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", model).strip("_.") or "model"
+
+
+def _calibrate(variants: list[str]) -> None:
+    """Reads (or times once, cached) the calibration of every compressor the rows predict.
+
+    Run before the first launch so that worker 0's predictions find every
+    compressor cached and the timing does not compete with the workers.
+    """
+    from tfcompress import planner  # noqa: PLC0415
+
+    wanted = []
+    for label in variants:
+        compressor = make_compressor(label)
+        if compressor is None or compressor == "unavailable":
+            continue
+        candidates = getattr(compressor, "candidates", None)  # "auto": its candidates
+        wanted += list(candidates.values()) if isinstance(candidates, dict) else [compressor]
+    if not wanted:
+        return
+    started = time.perf_counter()
+    calibration = planner.calibrate(wanted)
+    took = time.perf_counter() - started
+    done = f"timed in {calibration.seconds:.1f} s" if calibration.seconds else "cached"
+    print(
+        f"calibration for the predicted column: {done} ({took:.1f} s, {calibration.path})",
+        file=sys.stderr,
+        flush=True,
+    )

@@ -15,7 +15,12 @@ import statistics
 import sys
 import time
 
-from tfcompress.bench.aggregate.report import block_cell, cosine_cell
+from tfcompress.bench.aggregate.report import (
+    block_cell,
+    cosine_cell,
+    predict_row,
+    prediction_error,
+)
 from tfcompress.bench.aggregate.rows import (
     AGGREGATIONS,
     COUNTERS,
@@ -61,14 +66,16 @@ def worker_main(argv: list[str]) -> int:
     parser.add_argument("--aggregations", nargs="+", default=list(DEFAULT_AGGREGATIONS))
     parser.add_argument("--gradients", default="random", choices=GRADIENTS)
     parser.add_argument("--out", required=True)
+    parser.add_argument("--bandwidth", default="none", help="the cell's link rate, or none")
+    parser.add_argument("--predict", action="store_true", help="add the planner's prediction")
     args = parser.parse_args(argv)
 
     import numpy as np  # noqa: PLC0415
     import tensorflow as tf  # noqa: PLC0415
 
     import tfcompress  # noqa: PLC0415
+    from tfcompress.advise import model_shape_list  # noqa: PLC0415
     from tfcompress.bench.cluster import task_rank  # noqa: PLC0415
-    from tfcompress.bench.models import gradient_shapes  # noqa: PLC0415
     from tfcompress.distribute import Aggregation, CompressionRules  # noqa: PLC0415
 
     strategy = tfcompress.distribute.MultiWorkerMirroredStrategy(compression=None)
@@ -84,7 +91,8 @@ def worker_main(argv: list[str]) -> int:
     # The chief (worker 0 without one) reports; a chief job shifts the workers by one.
     task = task_rank(resolver.task_type, resolver.task_id, "chief" in resolver.cluster_spec().jobs)
     n = strategy.num_replicas_in_sync
-    shapes = gradient_shapes(args.model)
+    shapes = model_shape_list(args.model)
+    link = _link(strategy, args.bandwidth) if args.predict else None
 
     def random_gradients(draw: int, worker: int = task) -> list:
         return [
@@ -207,6 +215,8 @@ def worker_main(argv: list[str]) -> int:
         # The compressors' own figures after the timed calls (GradiVeQ: d, errors,
         # mismatches), averaged over tensors.
         quality = tfcompress.distribute.compression_metrics(strategy) if compressor else {}
+        if link is not None and task == 0:
+            row["predicted"] = predict_row(compressor, shapes, n, aggregation, link)
         return {
             **row,
             "metrics": {name: float(value) for name, value in quality.items()},
@@ -227,6 +237,12 @@ def worker_main(argv: list[str]) -> int:
                     f"{metrics.get('gradiveq_fallbacks', 0.0):.2f} (means over tensors)"
                 )
             cosine = f", cos {cosine_cell(row)}" if row.get("cosines") else ""
+            predicted = row.get("predicted", {})
+            if "seconds" in predicted:
+                cosine += (
+                    f"; predicted {1000 * predicted['seconds']:.0f} ms "
+                    f"({prediction_error(row):+.0%})"
+                )
             print(
                 f"{PROGRESS}{label} / {setting}{same}: {1000 * row['seconds']:.0f} ms{block}"
                 f"{cosine}",
@@ -274,3 +290,24 @@ def worker_main(argv: list[str]) -> int:
     if task == 0:
         pathlib.Path(args.out).write_text(json.dumps(rows))
     return 0
+
+
+def _link(strategy, bandwidth: str) -> dict:
+    """The link the predictions assume: the cell's rate (the probe's on the loopback).
+
+    Every worker runs the probe collective of ``compression="auto"``
+    (:func:`tfcompress.distribute.auto.probe_link`: two timed all-gathers);
+    its latency is always the one used, its rate only where the cell has no
+    rate of its own (``none``: the loopback; a ``tf_config`` cluster without one).
+    """
+    from tfcompress.bench.aggregate.report import rate_bits_per_second  # noqa: PLC0415
+    from tfcompress.distribute.auto import probe_link  # noqa: PLC0415
+
+    probed_rate, latency = probe_link(strategy)
+    given = rate_bits_per_second(bandwidth)
+    return {
+        "bandwidth": probed_rate if given is None else given,
+        "latency": latency,
+        "bandwidth_source": "probe" if given is None else "given",
+        "probed_bandwidth": probed_rate,
+    }
