@@ -121,6 +121,15 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         help="JSON file the chief writes per-epoch curves to (training time, bytes, loss, test accuracy); "
         "adds a validation pass on the test set after each epoch",
     )
+    parser.add_argument(
+        "--samples",
+        default=None,
+        help="folder each worker appends its resident memory and step times to, every "
+        "--sample-every steps (samples-<task>-<index>.jsonl; tfcompress bench soak)",
+    )
+    parser.add_argument(
+        "--sample-every", type=int, default=10, help="steps between two --samples lines"
+    )
     return parser
 
 
@@ -152,6 +161,8 @@ def main(argv: Sequence[str] | None = None, *, prog: str | None = None) -> int:
         parser.error(f"--steps-per-epoch must be >= 1, got {args.steps_per_epoch}")
     if args.validation_size < 0:
         parser.error(f"--validation-size must be >= 0, got {args.validation_size}")
+    if args.sample_every < 1:
+        parser.error(f"--sample-every must be >= 1, got {args.sample_every}")
     for option in args.option:
         if "=" not in option:
             parser.error(f"--option {option!r}: write KEY=VALUE")
@@ -221,13 +232,20 @@ def main(argv: Sequence[str] | None = None, *, prog: str | None = None) -> int:
 
     meter_class, curve_class = _callbacks(keras, tfcompress, strategy)
     meter, curve = meter_class(), curve_class()
+    callbacks = [meter, curve] if args.curve else [meter]
+    if args.samples:
+        from tfcompress.bench.soak.samples import sampling_callback  # noqa: PLC0415
+
+        task = f"{resolver.task_type or 'worker'}-{resolver.task_id or 0}"
+        path = os.path.join(args.samples, f"samples-{task}.jsonl")
+        callbacks.append(sampling_callback(keras, path, args.sample_every))
     validation_size = args.validation_size or len(x_test)
     validation = make_dataset(x_test[:validation_size], y_test[:validation_size], shuffle=False)
     history = model.fit(
         make_dataset(x_train, y_train, shuffle=True),
         epochs=args.epochs,
         steps_per_epoch=args.steps_per_epoch,
-        callbacks=[meter, curve] if args.curve else [meter],
+        callbacks=callbacks,
         validation_data=validation if args.curve else None,
         verbose=2 if is_chief else 0,
     )
