@@ -83,8 +83,9 @@ def test_readme_keeps_its_two_commands():
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert DEMO_COMMAND in readme
     assert TEST_COMMAND in readme
-    # CI runs "the README's test command": the same line.
-    assert TEST_COMMAND in (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    # CI runs "the README's test command": the same line, ended by `|| exit 1` (under
+    # `set -e` a failed step of an && list that is not its last one would not stop it).
+    assert TEST_COMMAND + " || exit 1\n" in (ROOT / ".ci" / "run").read_text(encoding="utf-8")
 
 
 def test_docs_index_exists_and_links_the_pages():
