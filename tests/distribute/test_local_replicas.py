@@ -81,7 +81,9 @@ def _top_quarter(x: np.ndarray) -> np.ndarray:
 @pytest.mark.timeout(240, method="thread")
 def test_deepreduce_aggregates_across_local_replicas():
     # Lossless given TopK's choice (bitmap indices, raw values): the sum is exact.
-    strategy = _strategy(DeepReduce(sparsifier=TopK(ratio=0.25), index_codec="bitmap"))
+    strategy = _strategy(
+        DeepReduce(sparsifier=TopK(ratio=0.25), index_codec="bitmap", value_codec="raw")
+    )
     replicas = [[t.numpy() for t in _replica_values(r)] for r in range(2)]
     want = [_top_quarter(a) + _top_quarter(b) for a, b in zip(*replicas, strict=True)]
     for step in _all_reduce(strategy):
