@@ -24,6 +24,7 @@ from tfcompress.compressors import (
     ErrorFeedback,
     GradiVeQ,
     Identity,
+    OneBitAdam,
     PowerSGD,
     PQuant,
     RandomK,
@@ -54,6 +55,8 @@ CASES = {
     "deepreduce": DeepReduce(TopK(ratio=0.01), index_codec="bitmap", value_codec="raw"),
     "powersgd": PowerSGD(rank=2, start_step=0),
     "switch": Switch([QSGD(bits=2), TopK(ratio=0.5)]),  # phase 0 is the smaller one
+    # Called directly, OneBitAdam is its compressed phase (what the planner times).
+    "onebit_adam": OneBitAdam(SignSGD(), warmup_steps=1),
 }
 SHAPES = [(64, 33), (5000,), (4, 3, 3, 40)]
 

@@ -21,6 +21,7 @@ from tfcompress.compressors.error_feedback import ErrorFeedback
 from tfcompress.compressors.fp16 import FP16
 from tfcompress.compressors.gradiveq import GradiVeQ
 from tfcompress.compressors.identity import Identity
+from tfcompress.compressors.onebit_adam import OneBitAdam
 from tfcompress.compressors.powersgd import PowerSGD
 from tfcompress.compressors.pquant import PQuant
 from tfcompress.compressors.qsgd import QSGD
@@ -49,6 +50,7 @@ __all__ = [
     "ErrorFeedback",
     "GradiVeQ",
     "Identity",
+    "OneBitAdam",
     "PQuant",
     "Payload",
     "PowerSGD",
