@@ -1,6 +1,7 @@
 """Tests of ``tfcompress bench soak`` (tfcompress/bench/soak/): the summary, the table, a short run."""
 
 import argparse
+import dataclasses
 import json
 import os
 import pathlib
@@ -62,9 +63,9 @@ def test_summarize_row_growth_drift_and_targets():
     assert "| flat | 0.0 | 0.0 | +0.00 | 0.5000 | 0.5000 | +0.0 | 0.8000 | yes |" in table
     assert "| growing | " in table and "| no (memory, time) |" in table
     with pytest.raises(ValueError, match="worker-0: 99 step times of 100 steps"):
-        soak.summarize_row([flat._replace(step_seconds=flat.step_seconds[:99])], steps)
+        soak.summarize_row([dataclasses.replace(flat, step_seconds=flat.step_seconds[:99])], steps)
     with pytest.raises(ValueError, match="no sample at or after step 20"):
-        soak.summarize_row([flat._replace(steps=[0, 10], rss_bytes=[1, 1])], steps, 20)
+        soak.summarize_row([dataclasses.replace(flat, steps=[0, 10], rss_bytes=[1, 1])], steps, 20)
 
 
 def test_samples_file_round_trip(tmp_path):

@@ -10,6 +10,7 @@ worker's samples and the chief's result become the row's summary.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import pathlib
@@ -178,7 +179,7 @@ def main(args: argparse.Namespace) -> int:
         "link": link,
         "settings": {**settings, "reference_step": reference},
         "rows": summaries,
-        "samples": {label: [w._asdict() for w in ws] for label, ws in samples.items()},
+        "samples": {label: [dataclasses.asdict(w) for w in ws] for label, ws in samples.items()},
     }
     (out / "soak.json").write_text(json.dumps(record, indent=2))
     (out / "soak.md").write_text(table + "\n")

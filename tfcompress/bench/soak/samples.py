@@ -15,11 +15,11 @@ release and is not used.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import pathlib
 import time
-from typing import NamedTuple
 
 __all__ = ["WorkerSamples", "read_samples", "resident_bytes", "sampling_callback"]
 
@@ -45,7 +45,8 @@ def resident_bytes() -> int:
     return int(psutil.Process().memory_info().rss)
 
 
-class WorkerSamples(NamedTuple):
+@dataclasses.dataclass(frozen=True)
+class WorkerSamples:
     """One worker's samples of a soak run.
 
     Attributes:
