@@ -148,12 +148,8 @@ class AutoRules(CompressionRules):
                 value.shape,
                 value.dtype,
                 self.candidates,
-                workers=self.plan.workers,
-                bandwidth=self.plan.bandwidth,
-                latency=self.plan.latency,
-                calibration=self._calibration,
-                aggregation=self._aggregation,
                 shared={c.label for c in self.plan.choices.values()},
+                **self._planner_inputs(),
             )
             self.plan.choices[key] = choice
             _log.info("tfcompress auto: %s", choice.text())
@@ -176,17 +172,21 @@ class AutoRules(CompressionRules):
         if self.plan.choices or not planned:
             return
         choices = planner_auto.choose_all(
-            [(v.shape, v.dtype) for v in planned],
-            self.candidates,
-            workers=self.plan.workers,
-            bandwidth=self.plan.bandwidth,
-            latency=self.plan.latency,
-            calibration=self._calibration,
-            aggregation=self._aggregation,
+            [(v.shape, v.dtype) for v in planned], self.candidates, **self._planner_inputs()
         )
         for choice in choices:
             self.plan.choices[choice.key] = choice
             _log.info("tfcompress auto: %s", choice.text())
+
+    def _planner_inputs(self) -> dict:
+        """The shared inputs every choice is made from (the same on every worker)."""
+        return {
+            "workers": self.plan.workers,
+            "bandwidth": self.plan.bandwidth,
+            "latency": self.plan.latency,
+            "calibration": self._calibration,
+            "aggregation": self._aggregation,
+        }
 
     def _plannable(self, value) -> bool:
         """Whether ``value`` is planned: a float tensor of static shape the policy compresses.
