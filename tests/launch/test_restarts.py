@@ -1,7 +1,7 @@
 """Tests of ``tfcompress launch --max-restarts K`` (tfcompress/launch/restarts.py).
 
-Small ``python -c`` workers that fail on the first attempt only (a marker file
-in ``tmp_path`` decides) or on every attempt, so each test takes seconds. A
+Small ``python -c`` workers that fail on the first attempt only (the launcher's
+``TFCOMPRESS_RESTART_COUNT`` decides) or on every attempt, so each test takes seconds. A
 real 2-worker Keras 3 ``fit`` that resumes from ``tfcompress.keras.BackupAndRestore``
 after a restart is at the end (slow).
 """
@@ -26,14 +26,14 @@ from tfcompress.cli import main as cli_main
 from tfcompress.distribute import lost_workers
 from tfcompress.launch import Restart, launch, restarts
 
-# Each worker counts its attempts in files under argv[1]. On the first, worker 1
-# SIGKILLs itself and worker 0 waits to be stopped; on later ones, every worker
-# prints its pid and exits 0.
+# On the first attempt (TFCOMPRESS_RESTART_COUNT=0) worker 1 SIGKILLs itself and
+# worker 0 waits to be stopped; on later ones, every worker prints its pid and
+# exits 0. The launcher's count, not a marker file, tells the attempts apart: under
+# load worker 0 may be stopped before it has run a line of its first attempt.
 KILLED_ONCE = """
-import os, pathlib, signal, sys
+import os, signal
 index = int(os.environ["TFCOMPRESS_WORKER_INDEX"])
-attempt = len(list(pathlib.Path(sys.argv[1]).glob(f"attempt-{index}-*"))) + 1
-(pathlib.Path(sys.argv[1]) / f"attempt-{index}-{attempt}").touch()
+attempt = int(os.environ["TFCOMPRESS_RESTART_COUNT"]) + 1
 if attempt == 1 and index == 1:
     print("worker 1 dies", flush=True)
     os.kill(os.getpid(), signal.SIGKILL)
@@ -72,11 +72,11 @@ def test_lost_worker_note_is_read():
     assert restarts.lost_worker_named("Epoch 1/3") is None
 
 
-def test_a_killed_worker_restarts_the_whole_group(tmp_path):
+def test_a_killed_worker_restarts_the_whole_group():
     messages = io.StringIO()
     started = time.monotonic()
     result = launch(
-        python_worker(KILLED_ONCE) + [str(tmp_path)],
+        python_worker(KILLED_ONCE),
         2,
         timeout=60,
         stream=None,
@@ -114,11 +114,9 @@ def test_a_killed_worker_restarts_the_whole_group(tmp_path):
     assert "after 1 restart(s)" in result.format_logs().splitlines()[0]
 
 
-def test_no_restarts_keeps_a_failure_fatal(tmp_path):
+def test_no_restarts_keeps_a_failure_fatal():
     messages = io.StringIO()
-    result = launch(
-        python_worker(KILLED_ONCE) + [str(tmp_path)], 2, timeout=60, stream=None, messages=messages
-    )
+    result = launch(python_worker(KILLED_ONCE), 2, timeout=60, stream=None, messages=messages)
     assert result.returncode == 128 + signal.SIGKILL
     assert result.restarts == [] and result.max_restarts == 0
     assert result.error == "worker 1 was killed by SIGKILL; stopped workers: [0]"
@@ -216,7 +214,7 @@ def test_invalid_restart_options(capsys):
         assert message in capsys.readouterr().err.strip().splitlines()[-1]
 
 
-def test_sigkilled_launcher_leaves_no_restarted_worker_behind(tmp_path):
+def test_sigkilled_launcher_leaves_no_restarted_worker_behind():
     """The watchdog knows the workers of every attempt, not only the first."""
     launcher = subprocess.Popen(
         [sys.executable, "-m", "tfcompress.launch", "-n", "2", "--max-restarts", "1"]
@@ -225,8 +223,7 @@ def test_sigkilled_launcher_leaves_no_restarted_worker_behind(tmp_path):
             "0",
             "--",
             *python_worker(KILLED_ONCE + "import time\ntime.sleep(60)\n"),
-        ]
-        + [str(tmp_path)],
+        ],
         env=launcher_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

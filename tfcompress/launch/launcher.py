@@ -47,6 +47,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
+import itertools
 import math
 import os
 import sys
@@ -66,6 +68,7 @@ from tfcompress.launch.processes import (
 from tfcompress.launch.restarts import (
     DEFAULT_RESTART_BACKOFF,
     MAX_RESTART_BACKOFF,
+    RESTART_COUNT_VARIABLE,
     run_with_restarts,
 )
 from tfcompress.launch.result import TIMEOUT_EXIT_CODE, LaunchResult, shell_exit_status
@@ -139,8 +142,9 @@ def launch(
     """Runs ``command`` as ``num_workers`` local workers and waits for all of them.
 
     Worker ``i`` gets ``TF_CONFIG`` (see :func:`make_tf_config`),
-    ``TFCOMPRESS_WORKER_INDEX=i`` and ``TFCOMPRESS_NUM_WORKERS=num_workers`` in its
-    environment, and ``PYTHONUNBUFFERED=1`` unless set, so that its output arrives line
+    ``TFCOMPRESS_WORKER_INDEX=i``, ``TFCOMPRESS_NUM_WORKERS=num_workers`` and
+    ``TFCOMPRESS_RESTART_COUNT`` (0 on the first attempt, ``k`` after the k-th restart;
+    torchrun's ``TORCHELASTIC_RESTART_COUNT``) in its environment, and ``PYTHONUNBUFFERED=1`` unless set, so that its output arrives line
     by line. Each worker is started in a session of its own; stopping it means
     signalling its whole process group, so its children go too.
 
@@ -258,11 +262,15 @@ def launch(
         deadline=None if timeout is None else time.monotonic() + timeout,
     )
 
+    attempts = itertools.count()
+
     def run_attempt() -> GroupOutcome:
         # Fresh ports for each attempt unless chosen: a port of the last one could
         # have been taken meanwhile.
         attempt_ports = free_ports(num_workers) if ports is None else ports
-        return run_group(settings, attempt_ports, hosts, echo, log_lines, watchdog)
+        restart_count = {RESTART_COUNT_VARIABLE: str(next(attempts))}
+        attempt = dataclasses.replace(settings, env={**(settings.env or {}), **restart_count})
+        return run_group(attempt, attempt_ports, hosts, echo, log_lines, watchdog)
 
     with sigterm_raises_system_exit():
         watchdog = Watchdog(grace_period)

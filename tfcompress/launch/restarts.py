@@ -8,7 +8,8 @@ non-zero, is killed by a signal, or exits because it found a peer lost, which
 tfcompress's note in its log names), every worker is stopped and, after a
 backoff (``backoff`` seconds, doubled at each restart, at most
 :data:`MAX_RESTART_BACKOFF`), the whole group starts again with the same
-command, up to ``max_restarts`` times. Each restart is reported on the
+command, up to ``max_restarts`` times (each worker reads the attempt's number in
+``TFCOMPRESS_RESTART_COUNT``). Each restart is reported on the
 launcher's messages in two lines (the failure and the restart to come; the
 relaunch, with its time from the failure) and marked in every worker's log.
 
@@ -37,6 +38,7 @@ from tfcompress.launch.result import Restart, describe_exit
 __all__ = [
     "DEFAULT_RESTART_BACKOFF",
     "MAX_RESTART_BACKOFF",
+    "RESTART_COUNT_VARIABLE",
     "lost_worker_named",
     "restart_delay",
     "run_with_restarts",
@@ -47,6 +49,11 @@ DEFAULT_RESTART_BACKOFF = 1.0
 
 #: The longest wait before a restart, unless the first wait is already longer.
 MAX_RESTART_BACKOFF = 60.0
+
+#: The variable that tells every worker which attempt it runs in: ``"0"`` on the first,
+#: ``"k"`` after the k-th restart (torchrun's ``TORCHELASTIC_RESTART_COUNT``). The same
+#: in every worker of one attempt, whatever order they start in.
+RESTART_COUNT_VARIABLE = "TFCOMPRESS_RESTART_COUNT"
 
 # The note that tfcompress.distribute.explain_lost_worker adds to a worker's
 # error: "tfcompress: lost worker /job:worker/replica:0/task:2: ...". Matched
