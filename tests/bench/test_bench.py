@@ -535,6 +535,8 @@ def test_bench_train_settings_and_command():
         "batch_size": 128,
         "validation_size": 2000,
         "target": 0.8,
+        "optimizer": "adam",
+        "learning_rate": None,
     }
     given = argparse.Namespace(epochs=2, steps_per_epoch=3, train_size=512, target=0.5)
     settings = bench_train.resolve_settings(given, mlp)
@@ -547,11 +549,13 @@ def test_bench_train_settings_and_command():
     assert flags["--model"] == "mlp" and flags["--steps-per-epoch"] == "3"
     assert flags["--train-size"] == "512" and flags["--curve"] == "/tmp/c.json"
     assert flags["--validation-size"] == "2000" and flags["--seed"] == "1"
-    assert options[:6] == bench_train.VARIANTS["qsgd 4-bit"]
+    # the run's optimizer first, so that a row naming its own overrides it
+    assert options[:2] == ["--optimizer", "adam"]
+    assert options[2:8] == bench_train.VARIANTS["qsgd 4-bit"]
     # a later seed: the workers' and the compressor's move together
     seeded = bench_train.train_command(mlp, "qsgd 4-bit", settings, "c.json", seed=3)
     assert dict(zip(seeded, seeded[1:], strict=False))["--seed"] == "3"
-    assert seeded[3:9] == ["--compression", "qsgd", "--option", "bits=4", "--option", "seed=3"]
+    assert seeded[5:11] == ["--compression", "qsgd", "--option", "bits=4", "--option", "seed=3"]
     deepreduce = bench_train.train_command(mlp, "deepreduce + EF", settings, "c.json", seed=2)
     assert "seed=1" in deepreduce and "seed=0" not in deepreduce  # the row's 0, plus 1
     cnn_settings = bench_train.resolve_settings(argparse.Namespace(), cnn)
@@ -567,9 +571,75 @@ def test_bench_train_settings_and_command():
         ({"workers": 0}, "--workers 0"),
         ({"target": 1.5}, "--target 1.5: a test accuracy in (0, 1]"),
         ({"target": 0.0}, "--target 0.0"),
+        ({"learning_rate": 0.0}, "--learning-rate 0.0: must be > 0"),
     ):
         with pytest.raises(ValueError, match=re.escape(message)):
             bench_train.resolve_settings(argparse.Namespace(**bad), mlp)
+
+
+def test_bench_train_rows_with_their_own_optimizer():
+    """1-bit Adam and DGC carry the momentum themselves: their rows train with plain SGD."""
+    from tfcompress.bench import train_worker  # noqa: PLC0415
+
+    mlp, cnn = bench_train.TASKS["mlp"], bench_train.TASKS["cnn"]
+    assert "onebit adam" in mlp.variants and "onebit adam" not in cnn.variants
+    for task, label in ((mlp, "deepreduce"), (mlp, "topk 1% + DGC"), (cnn, "topk 1% + DGC")):
+        assert label in task.variants and label not in task.default_variants  # opt-in
+    given = argparse.Namespace(optimizer="momentum", learning_rate=0.1)
+    settings = bench_train.resolve_settings(given, cnn)
+    assert (settings["optimizer"], settings["learning_rate"]) == ("momentum", 0.1)
+    parser = train_worker.build_parser()
+
+    def worker_args(task, label):
+        command = bench_train.train_command(task, label, settings, "c.json")
+        return parser.parse_args(command[3:])
+
+    plain = worker_args(cnn, "qsgd 4-bit")
+    assert (plain.optimizer, plain.learning_rate, plain.momentum) == ("momentum", 0.1, 0.9)
+    dgc = worker_args(cnn, "topk 1% + DGC")
+    assert (dgc.optimizer, dgc.learning_rate) == ("sgd", 0.1)  # the run's rate, no momentum
+    assert dgc.error_feedback and dgc.ef_option == [
+        f"momentum={bench_train.DGC_MOMENTUM}",
+        f"clip_norm={bench_train.DGC_CLIP_NORM}",
+    ]
+    onebit = worker_args(mlp, "onebit adam")
+    assert (onebit.optimizer, onebit.learning_rate, onebit.min_size) == ("sgd", 0.001, 2)
+    from tfcompress.compressors import ErrorFeedback, OneBitAdam, TopK, get  # noqa: PLC0415
+
+    _, options, _, _ = _train_options(mlp.variants["onebit adam"])
+    assert isinstance(get("onebit_adam", **options), OneBitAdam)
+    assert options["warmup_steps"] == bench_train.ONEBIT_ADAM_WARMUP_STEPS
+    _, options, _, _ = _train_options(cnn.variants["topk 1% + DGC"])
+    wrapped = ErrorFeedback(get("topk", **options), momentum=0.9, clip_norm=5.0)
+    assert isinstance(wrapped.inner, TopK) and wrapped.inner.warmup.steps == 100
+
+
+def test_train_worker_optimizers(capsys):
+    import keras  # noqa: PLC0415
+
+    from tfcompress.bench import train_worker  # noqa: PLC0415
+
+    parser = train_worker.build_parser()
+    adam = train_worker._optimizer(keras, parser.parse_args([]))
+    assert isinstance(adam, keras.optimizers.Adam)
+    assert float(adam.learning_rate) == pytest.approx(1e-3)
+    momentum = train_worker._optimizer(keras, parser.parse_args(["--optimizer", "momentum"]))
+    assert isinstance(momentum, keras.optimizers.SGD) and momentum.momentum == 0.9
+    assert float(momentum.learning_rate) == pytest.approx(0.05)
+    sgd = train_worker._optimizer(
+        keras, parser.parse_args(["--optimizer", "sgd", "--learning-rate", "0.001"])
+    )
+    assert sgd.momentum == 0.0 and float(sgd.learning_rate) == pytest.approx(1e-3)
+    for argv, message in (
+        (["--ef-option", "momentum=0.9"], "--ef-option needs --error-feedback"),
+        (["--error-feedback", "--ef-option", "momentum"], "--ef-option 'momentum'"),
+        (["--learning-rate", "0"], "--learning-rate must be > 0"),
+        (["--momentum", "1"], "--momentum must be in [0, 1)"),
+        (["--min-size", "0"], "--min-size must be >= 1"),
+    ):
+        with pytest.raises(SystemExit) as exit_info:
+            train_worker.main(argv)
+        assert exit_info.value.code == 2 and message in capsys.readouterr().err, argv
 
 
 def _curve(points, final=None):

@@ -244,6 +244,19 @@ def _configure_train(benchmarks) -> None:
         "--target", type=fraction, default=None, help="(task) test accuracy for 'time to'"
     )
     train.add_argument(
+        "--optimizer",
+        choices=["adam", "momentum", "sgd"],
+        default=None,
+        help="(task: adam) every row's optimizer unless the row names its own (1-bit Adam and "
+        "DGC use plain SGD): adam, momentum (SGD, momentum 0.9) or sgd",
+    )
+    train.add_argument(
+        "--learning-rate",
+        type=positive_float,
+        default=None,
+        help="every row's learning rate (default: adam 1e-3, momentum and sgd 0.05)",
+    )
+    train.add_argument(
         "--seeds",
         type=positive_int,
         default=DEFAULT_SEEDS,

@@ -36,11 +36,14 @@ import sys
 import time
 from collections.abc import Sequence
 
-__all__ = ["PROG", "build_parser", "main", "parse_value"]
+__all__ = ["OPTIMIZERS", "PROG", "build_parser", "main", "parse_value"]
 
 
 #: The program's name in its usage when run with ``python -m``.
 PROG = "python -m tfcompress.bench.train_worker"
+
+#: ``--optimizer`` name -> the learning rate it gets when ``--learning-rate`` is not given.
+OPTIMIZERS = {"adam": 1e-3, "momentum": 0.05, "sgd": 0.05}
 
 
 def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
@@ -69,7 +72,39 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         "--error-feedback", action="store_true", help="wrap the compressor in ErrorFeedback"
     )
     parser.add_argument(
+        "--ef-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an ErrorFeedback option with --error-feedback, repeatable (e.g. momentum=0.9, "
+        "clip_norm=1.0: Deep Gradient Compression's momentum correction and clipping)",
+    )
+    parser.add_argument(
         "--diana", action="store_true", help="wrap the (unbiased) compressor in DIANA"
+    )
+    parser.add_argument(
+        "--min-size",
+        type=int,
+        default=None,
+        help="the strategy's policy: tensors with fewer elements travel exact (default: the "
+        "library's CompressionPolicy, 1024); 1-bit Adam wants every trainable one compressed",
+    )
+    parser.add_argument(
+        "--optimizer",
+        choices=sorted(OPTIMIZERS),
+        default="adam",
+        help="adam (Adam), momentum (SGD with --momentum) or sgd (plain SGD: for compressors "
+        "that carry the momentum themselves, 1-bit Adam and error feedback with momentum "
+        "correction); default adam",
+    )
+    parser.add_argument(
+        "--learning-rate",
+        type=float,
+        default=None,
+        help="the optimizer's learning rate (default: adam 1e-3, momentum and sgd 0.05)",
+    )
+    parser.add_argument(
+        "--momentum", type=float, default=0.9, help="--optimizer momentum's momentum (0.9)"
     )
     parser.add_argument(
         "--aggregation",
@@ -145,6 +180,20 @@ def parse_value(text: str):
         return text
 
 
+def _learning_rate(args: argparse.Namespace) -> float:
+    """``--learning-rate``, else the default of ``--optimizer`` (:data:`OPTIMIZERS`)."""
+    return OPTIMIZERS[args.optimizer] if args.learning_rate is None else args.learning_rate
+
+
+def _optimizer(keras, args: argparse.Namespace):
+    """The Keras optimizer of ``--optimizer``, ``--learning-rate`` and ``--momentum``."""
+    rate = _learning_rate(args)
+    if args.optimizer == "adam":
+        return keras.optimizers.Adam(rate)
+    momentum = args.momentum if args.optimizer == "momentum" else 0.0
+    return keras.optimizers.SGD(rate, momentum=momentum)
+
+
 def main(argv: Sequence[str] | None = None, *, prog: str | None = None) -> int:
     """Runs one worker: trains, evaluates, and (on the chief) writes the results.
 
@@ -163,9 +212,18 @@ def main(argv: Sequence[str] | None = None, *, prog: str | None = None) -> int:
         parser.error(f"--validation-size must be >= 0, got {args.validation_size}")
     if args.sample_every < 1:
         parser.error(f"--sample-every must be >= 1, got {args.sample_every}")
-    for option in args.option:
-        if "=" not in option:
-            parser.error(f"--option {option!r}: write KEY=VALUE")
+    for flag, given in (("--option", args.option), ("--ef-option", args.ef_option)):
+        for option in given:
+            if "=" not in option:
+                parser.error(f"{flag} {option!r}: write KEY=VALUE")
+    if args.ef_option and not args.error_feedback:
+        parser.error("--ef-option needs --error-feedback")
+    if args.learning_rate is not None and not args.learning_rate > 0:
+        parser.error(f"--learning-rate must be > 0, got {args.learning_rate}")
+    if not 0 <= args.momentum < 1:
+        parser.error(f"--momentum must be in [0, 1), got {args.momentum}")
+    if args.min_size is not None and args.min_size < 1:
+        parser.error(f"--min-size must be >= 1, got {args.min_size}")
 
     if args.keras == "tf_keras":
         os.environ["TF_USE_LEGACY_KERAS"] = "1"
@@ -188,7 +246,10 @@ def main(argv: Sequence[str] | None = None, *, prog: str | None = None) -> int:
         else tfcompress.compressors.get(args.compression, **options)
     )
     if args.error_feedback:
-        compression = tfcompress.compressors.ErrorFeedback(compression)
+        ef_options = {
+            key: parse_value(value) for key, value in (kv.split("=", 1) for kv in args.ef_option)
+        }
+        compression = tfcompress.compressors.ErrorFeedback(compression, **ef_options)
     if args.diana:
         compression = tfcompress.compressors.DIANA(compression)
     aggregation = tfcompress.distribute.Aggregation(args.aggregation)
@@ -198,7 +259,7 @@ def main(argv: Sequence[str] | None = None, *, prog: str | None = None) -> int:
         )
     # The one tfcompress-specific line of a training script.
     strategy = tfcompress.distribute.MultiWorkerMirroredStrategy(
-        compression=compression, aggregation=aggregation
+        compression=compression, aggregation=aggregation, policy=args.min_size
     )
     resolver = strategy.cluster_resolver
     # The chief task, else worker 0 (a single process without TF_CONFIG has no task id).
@@ -225,7 +286,7 @@ def main(argv: Sequence[str] | None = None, *, prog: str | None = None) -> int:
     with strategy.scope():
         model = _build_model(keras, args.model)
         model.compile(
-            optimizer=keras.optimizers.Adam(1e-3),
+            optimizer=_optimizer(keras, args),
             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
             metrics=["accuracy"],
         )
@@ -265,6 +326,8 @@ def main(argv: Sequence[str] | None = None, *, prog: str | None = None) -> int:
         "bytes_uncompressed_per_step": meter.stats["bytes_uncompressed"] / meter.steps,
         "seconds_per_step": meter.seconds / meter.steps,
         "model": args.model,
+        "optimizer": args.optimizer,
+        "learning_rate": _learning_rate(args),
         "parameters": int(sum(np.prod(w.shape) for w in model.trainable_weights)),
     }
     # One worker has no peer to send to: nothing travels, there is no ratio.

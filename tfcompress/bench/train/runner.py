@@ -144,7 +144,10 @@ def main(args: argparse.Namespace) -> int:
     (out / "train.json").write_text(json.dumps({**record, "settings": settings}, indent=2))
     (out / "train.md").write_text(table + "\n")
     if args.plot:
-        title = f"Fashion-MNIST, {task.description}, {settings['workers']} workers, link {link}"
+        title = (
+            f"Fashion-MNIST, {task.description}, {settings['workers']} workers, link {link}, "
+            f"{settings['optimizer']}"
+        )
         plot_curves(runs, out / "train.png", title, settings["target"])
     print(f"\nwritten: {out}/train.md" + (f", {out}/train.png" if args.plot else ""))
     return 0

@@ -37,6 +37,7 @@ _SETTINGS = (
     ("batch_size", "--batch-size"),
     ("validation_size", "--validation-size"),
     ("target", "--target"),
+    ("optimizer", "--optimizer"),
 )
 
 
@@ -45,7 +46,9 @@ def resolve_settings(args: argparse.Namespace, task: Task) -> dict:
 
     Returns:
       ``workers``, ``epochs``, ``steps_per_epoch`` (``None``: one pass over the
-      data), ``train_size``, ``batch_size``, ``validation_size`` and ``target``.
+      data), ``train_size``, ``batch_size``, ``validation_size``, ``target``,
+      ``optimizer`` and ``learning_rate`` (``None``: the optimizer's default,
+      train_worker's ``OPTIMIZERS``).
 
     Raises:
       ValueError: a count below 1 (``--train-size`` and ``--validation-size``
@@ -59,9 +62,15 @@ def resolve_settings(args: argparse.Namespace, task: Task) -> dict:
         if name == "target":
             if not 0 < value <= 1:
                 raise ValueError(f"{option} {value}: a test accuracy in (0, 1]")
+        elif name == "optimizer":
+            continue
         elif value is not None and value < (0 if name in _ZERO_MEANS_ALL else 1):
             least = f"0 ({_ZERO_MEANS_ALL[name]})" if name in _ZERO_MEANS_ALL else "1"
             raise ValueError(f"{option} {value}: must be at least {least}")
+    rate = getattr(args, "learning_rate", None)
+    if rate is not None and not rate > 0:
+        raise ValueError(f"--learning-rate {rate}: must be > 0")
+    settings["learning_rate"] = rate
     return settings
 
 
@@ -115,11 +124,17 @@ def train_command(
     The program is :data:`WORKER_MODULE`, run with ``python -m``: it is found the way
     this module was, through the package, whatever the working directory. ``seed``
     is the workers' ``--seed``; the compressors' seeds follow it (:func:`seeded_arguments`).
+    The run's ``--optimizer`` and ``--learning-rate`` come before the row's arguments,
+    so that a row naming its own (1-bit Adam, DGC: plain SGD) overrides them.
     """
+    optimizer = ["--optimizer", settings["optimizer"]]
+    if settings.get("learning_rate") is not None:
+        optimizer += ["--learning-rate", str(settings["learning_rate"])]
     command = [
         sys.executable,
         "-m",
         WORKER_MODULE,
+        *optimizer,
         *seeded_arguments(task.variants[label], seed),
         "--model",
         task.model,
