@@ -36,6 +36,17 @@ DGC_MOMENTUM = 0.9
 DGC_CLIP_NORM = 5.0
 DGC_WARMUP_STEPS = 100
 
+#: Error feedback with DGC's momentum correction and clipping, and plain SGD.
+_DGC_FEEDBACK = [
+    "--error-feedback",
+    "--ef-option",
+    f"momentum={DGC_MOMENTUM}",
+    "--ef-option",
+    f"clip_norm={DGC_CLIP_NORM}",
+    "--optimizer",
+    "sgd",
+]
+
 _QSGD4 = ["--compression", "qsgd", "--option", "bits=4", "--option", "seed=1"]
 _TOPK_EF = ["--compression", "topk", "--option", "ratio=0.01", "--error-feedback"]
 
@@ -130,13 +141,14 @@ VARIANTS: dict[str, list[str]] = {
         "--compression",
         "topk",
         *_options(ratio=0.01, warmup_steps=DGC_WARMUP_STEPS),
-        "--error-feedback",
-        "--ef-option",
-        f"momentum={DGC_MOMENTUM}",
-        "--ef-option",
-        f"clip_norm={DGC_CLIP_NORM}",
-        "--optimizer",
-        "sgd",
+        *_DGC_FEEDBACK,
+    ],
+    # DeepReduce's defaults under the same momentum correction (for --optimizer momentum).
+    "deepreduce + DGC": [
+        "--compression",
+        "deepreduce",
+        *_options(seed=0),
+        *_DGC_FEEDBACK,
     ],
     # Phased (opt-in): exact warm-up steps, then blocks of L_t sampling and L_c
     # compressed steps. The library's defaults: 100 warm-up, L_t = 40, L_c = 60
@@ -161,6 +173,7 @@ _OPT_IN = (
     "powersgd rank 4",
     "deepreduce",
     "topk 1% + DGC",
+    "deepreduce + DGC",
 )
 
 #: Variants of the cnn task run when ``--variants`` is not given (the aggregation
@@ -216,6 +229,7 @@ _MLP_VARIANTS: dict[str, list[str]] = {
     "powersgd rank 4": _powersgd(4, MLP_WARMUP_STEPS),
     "deepreduce": VARIANTS["deepreduce"],
     "topk 1% + DGC": VARIANTS["topk 1% + DGC"],
+    "deepreduce + DGC": VARIANTS["deepreduce + DGC"],
     # 1-bit Adam (Tang et al. 2021): exact Adam for its warm-up, then the
     # momentum compressed (SignSGD, error feedback) with the second moment
     # frozen; the compressor returns Adam's direction, so the optimizer is
