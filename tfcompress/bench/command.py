@@ -4,6 +4,7 @@ tfcompress bench ops [--sizes 1000000 25000000] [--repeats 7] [--out DIR] [--plo
 tfcompress bench aggregate [--cluster local|tf_config] [--models ...] [--workers ...] ...
 tfcompress bench train [--task cnn|mlp] [--cluster local|tf_config] [--variants ...] ...
 tfcompress bench soak [--workers 4] [--steps 2000] [--sample-every 10] [--rows ...] ...
+tfcompress bench restarts [--quick] [--workers 4] [--seed 0] [--rows ...] [--out DIR]
 tfcompress bench gradiveq [--train-steps 30] [--sampling-steps 40] [--out DIR] [--plot]
 tfcompress bench gradiveq --fidelity [--kinds ...] [--shapes small|resnet20|resnet18] ...
 tfcompress bench deepreduce [--ratios 0.01 0.1] [--repeats 5] [--out DIR] [--plot]
@@ -66,6 +67,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     _configure_aggregate(benchmarks)
     _configure_train(benchmarks)
     _configure_soak(benchmarks)
+    _configure_restarts(benchmarks)
     _configure_gradiveq(benchmarks)
     _configure_deepreduce(benchmarks)
 
@@ -328,6 +330,80 @@ def _configure_soak(benchmarks) -> None:
     soak.add_argument("--plot", action="store_true", help="also draw soak.png (matplotlib)")
 
 
+def _configure_restarts(benchmarks) -> None:
+    from tfcompress.bench.restarts.rows import QUICK_ROWS, ROWS  # noqa: PLC0415
+
+    restarts = benchmarks.add_parser(
+        "restarts",
+        help="kill -9 of a worker mid-fit under --max-restarts: restart time, and final "
+        "weights against an uninterrupted run's, per stateful compressor",
+        description="Per row, the same deterministic Keras 3 fit with epoch-end "
+        "BackupAndRestore under tfcompress launch --max-restarts, run twice: uninterrupted, "
+        "and with one worker SIGKILLed by the benchmark after a step (seeded) inside epoch 2 "
+        "or later. Reports whether the job finished by itself, the restart's times from the "
+        "kill, the steps redone and whether the final weights are bit-identical.",
+    )
+    restarts.set_defaults(plot=False)
+    restarts.add_argument(
+        "--quick",
+        action="store_true",
+        help="the CI mode: 2 workers, 2 epochs of 8 steps, grace period 1 s, backoff 0.5 s, "
+        "rows " + ", ".join(map(repr, QUICK_ROWS)) + " (options given still apply)",
+    )
+    restarts.add_argument(
+        "--workers", type=positive_int, default=None, help="workers (default 4; --quick 2)"
+    )
+    restarts.add_argument(
+        "--epochs",
+        type=positive_int,
+        default=None,
+        help="epochs, at least 2 (default 3; --quick 2)",
+    )
+    restarts.add_argument(
+        "--train-size",
+        type=positive_int,
+        default=None,
+        help="training images, train-size // batch-size steps per epoch (default 768; --quick 256)",
+    )
+    restarts.add_argument(
+        "--batch-size",
+        type=positive_int,
+        default=None,
+        help="global batch size, a multiple of --workers (default 64; --quick 32)",
+    )
+    restarts.add_argument(
+        "--rows",
+        nargs="*",
+        metavar="NAME",
+        help="rows (default: all): " + ", ".join(map(repr, ROWS)).replace("%", "%%"),
+    )
+    restarts.add_argument(
+        "--seed", type=non_negative_int, default=None, help="chooses each row's kill (default 0)"
+    )
+    restarts.add_argument(
+        "--max-restarts",
+        type=non_negative_int,
+        default=None,
+        help="the launcher's --max-restarts (default 3)",
+    )
+    restarts.add_argument(
+        "--grace-period",
+        type=_non_negative_float,
+        default=None,
+        help="the launcher's --grace-period (default: the launcher's, 5; --quick 1)",
+    )
+    restarts.add_argument(
+        "--restart-backoff",
+        type=_non_negative_float,
+        default=None,
+        help="the launcher's --restart-backoff (default: the launcher's, 1; --quick 0.5)",
+    )
+    restarts.add_argument(
+        "--timeout", type=positive_float, default=None, help="seconds per launch (default 900)"
+    )
+    restarts.add_argument("--out", default=None, help="folder for restarts.md and restarts.json")
+
+
 def _configure_gradiveq(benchmarks) -> None:
     gradiveq = benchmarks.add_parser(
         "gradiveq",
@@ -516,6 +592,10 @@ def run_from_args(args: argparse.Namespace) -> int:
         from tfcompress.bench import soak  # noqa: PLC0415
 
         return soak.main(args)
+    if args.benchmark == "restarts":
+        from tfcompress.bench import restarts  # noqa: PLC0415
+
+        return restarts.main(args)
     if args.benchmark == "gradiveq" and args.fidelity:
         from tfcompress.bench import fidelity  # noqa: PLC0415
 
