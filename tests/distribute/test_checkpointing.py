@@ -7,6 +7,7 @@ import tensorflow as tf
 import tfcompress
 from tests.distribute.test_mirrored import local, make, reduce_on_devices
 from tfcompress.compressors import DIANA, QSGD, ErrorFeedback, Switch, TopK
+from tfcompress.distribute import checkpointing
 
 
 def values_of(rid, step):
@@ -138,3 +139,32 @@ def test_tf_keras_model_checkpoint_carries_the_state(tmp_path):
         np.testing.assert_array_equal(a, b)
     with pytest.raises(ValueError, match="tfcompress strategy"):
         tfcompress.keras.track_compression_state(tf_keras.Sequential([tf_keras.layers.Dense(1)]))
+
+
+def test_state_travels_in_one_gather_per_dtype_with_the_same_contents(monkeypatch):
+    """A GradiVeQ worker keeps dozens of state variables: one collective per dtype, not per
+    variable (an epoch-end backup of 46 took 40-80 s at 4 workers), and the same blob."""
+    compressor = tfcompress.compressors.GradiVeQ(
+        warmup_steps=1, sampling_steps=3, compressed_steps=2, sampling="exact"
+    )
+    strategy = make(compressor)
+    run = stepper(strategy)
+    for n in range(5):
+        run(n)
+    state = tfcompress.distribute.compression_state(strategy)
+    calls = []
+    gather = strategy.gather
+    monkeypatch.setattr(strategy, "gather", lambda *a, **k: calls.append(1) or gather(*a, **k))
+    blob = state.checkpoint_blob()
+    keys = [
+        (name, i) for name in sorted(state._entries) for i in range(len(state._entries[name][0]))
+    ]
+    dtypes = {checkpointing._GATHER_AS.get(v.dtype, v.dtype) for v in state.variables}
+    assert len(keys) > 10 and len(calls) == len(dtypes) < len(keys)
+    parts = tf.io.parse_tensor(blob, tf.string).numpy()
+    assert [key.decode() for key in parts[1::2]] == [f"{name}/{i}" for name, i in keys]
+    for (name, i), serialised in zip(keys, parts[2::2], strict=True):
+        one = state._gather(name, i)  # the variable gathered on its own
+        got = tf.io.parse_tensor(serialised, one.dtype)
+        assert got.shape == one.shape, name
+        np.testing.assert_array_equal(got.numpy(), one.numpy())
