@@ -2,7 +2,9 @@
 //
 // Harness checks of the sparsify functors (sparsify.h): TopKMagnitudes,
 // ThresholdSelect, GatherValues, CheckScatterIndices, SparseScatter and
-// RandomKIndices, for half, bfloat16, float and double.
+// RandomKIndices, for half, bfloat16, float and double; and of TopKFeedback
+// (topk_feedback.h, CPU only: serial vs threaded vs the TopK reference of
+// x + residual).
 //
 // For every size of the harness and every input kind (normal values rounded
 // so that magnitudes tie often, all zero, extreme values: +-0, subnormals,
@@ -31,6 +33,8 @@
 #include "gpu_check/gpu_check.h"
 #include "sparsify/cc/kernels/sparsify.h"
 #include "sparsify/cc/kernels/sparsify_cpu.h"
+#include "sparsify/cc/kernels/topk_feedback.h"
+#include "sparsify/cc/kernels/topk_feedback_cpu.h"
 
 namespace tfc_check {
 namespace {
@@ -258,6 +262,71 @@ void CheckTopK(Harness& harness, const std::vector<T>& x, int kind,
   }
 }
 
+// TopKFeedback (CPU only, no GPU functor): serial and threaded must give the
+// reference TopK of acc = x + residual (added as the functor adds, which the
+// Python tests compare with TensorFlow's Add), its values, and acc with zeros
+// at the selected positions; or both the first non-finite index of acc.
+template <typename T>
+void CheckTopKFeedback(Harness& harness, const std::vector<T>& x,
+                       const std::vector<T>& residual, int64_t k, bool timed,
+                       const std::string& label) {
+  const int64_t n = static_cast<int64_t>(x.size());
+  std::vector<T> acc(n);
+  int64_t expected_bad = -1;
+  for (int64_t i = 0; i < n; ++i) {
+    acc[i] = tfc::sparsify_internal::FeedbackAdd<T>::Add(x[i], residual[i]);
+    if (expected_bad < 0 && !std::isfinite(ToDouble(acc[i]))) expected_bad = i;
+  }
+  using Fused = fn::TopKFeedback<CpuDevice, T>;
+  struct Result {
+    std::vector<T> values;
+    std::vector<int32_t> indices;
+    std::vector<T> rest;
+    int64_t bad;
+  };
+  auto run = [&](const CpuDevice& device) {
+    Result r{std::vector<T>(k), std::vector<int32_t>(k, -2),
+             std::vector<T>(n, FromDouble<T>(7.0)), 0};
+    r.bad = Fused()(device, x.data(), residual.data(), n, k, r.values.data(),
+                    r.indices.data(), r.rest.data());
+    return r;
+  };
+  const Result serial = run(harness.serial());
+  const Result threaded = run(harness.threaded());
+  harness.Expect(serial.bad == expected_bad && threaded.bad == expected_bad,
+                 label + ": cpu reports the first non-finite index " +
+                     std::to_string(expected_bad) + ", got " +
+                     std::to_string(serial.bad) + " / " +
+                     std::to_string(threaded.bad));
+  if (expected_bad >= 0) return;
+  const std::vector<int32_t> indices = ReferenceTopK(acc, k);
+  std::vector<T> values(k);
+  std::vector<T> rest = acc;
+  for (int64_t j = 0; j < k; ++j) {
+    values[j] = acc[indices[j]];
+    rest[indices[j]] = T{};
+  }
+  for (const Result* r : {&serial, &threaded}) {
+    const std::string which = r == &serial ? ": cpu serial" : ": cpu threaded";
+    harness.ExpectSameBytes(label + which + " indices vs reference",
+                            r->indices.data(), indices.data(), k);
+    harness.ExpectSameBytes(label + which + " values vs reference",
+                            r->values.data(), values.data(), k);
+    harness.ExpectSameBytes(label + which + " residual vs reference",
+                            r->rest.data(), rest.data(), n);
+  }
+  if (timed && n >= kTimedSize && k == n / 100 && !harness.gpu()) {
+    Result buffers = run(harness.threaded());
+    const double seconds = harness.TimeCpu([&] {
+      Fused()(harness.threaded(), x.data(), residual.data(), n, k,
+              buffers.values.data(), buffers.indices.data(),
+              buffers.rest.data());
+    });
+    harness.Throughput(std::string("TopKFeedback 1% <") + TypeName<T>() + ">",
+                       "cpu", n, static_cast<double>(sizeof(T)) * n, seconds);
+  }
+}
+
 template <typename T>
 void CheckThreshold(Harness& harness, const std::vector<T>& x, int kind,
                     double threshold, const std::string& label) {
@@ -445,6 +514,18 @@ void CheckType(Harness& harness) {
                        "Threshold " + base + " t=" + std::to_string(threshold));
       }
       if (kind != kNonFinite) CheckScatter(harness, x, "Scatter " + base);
+      // The residual: finite; extreme values (+-0, subnormals, the largest,
+      // which overflow to Inf) only beside the non-finite x, so that the
+      // other kinds select from a finite acc with ties and cancellations.
+      const int residual_kind =
+          kind == kNonFinite ? kExtreme : (kind == kExtreme ? kNormal : kind);
+      const std::vector<T> residual =
+          MakeInput<T>(n, residual_kind, 37 * n + kind + 5);
+      for (int64_t k : {int64_t{0}, n / 100, n / 2, n}) {
+        if (large && k != n / 100) continue;
+        CheckTopKFeedback(harness, x, residual, k, kind == kNormal,
+                          "TopKFeedback " + base + " k=" + std::to_string(k));
+      }
     }
   }
 }

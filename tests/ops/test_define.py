@@ -57,6 +57,7 @@ SAMPLES = {
     "sign_encode": lambda: (([1.0, -3.0, 0.0, -0.0],), {}),
     "sign_decode": lambda: ((0.5, [2], 3), {"dtype": tf.float16}),
     "top_k_magnitudes": lambda: (([0.5, -3.0, 2.0, 3.0], 2), {}),
+    "top_k_feedback": lambda: (([0.5, -3.0, 2.0, 3.0], [1.0, 0.0, 0.5, -3.0], 2), {}),
     "threshold_select": lambda: (([0.5, -3.0, 2.0], 2.5), {}),
     "sparse_scatter": lambda: (([1.0, -2.0], tf.constant([1, 3]), 4), {}),
     "random_k_indices": lambda: ((tf.constant([5, 9, 1, 9], tf.uint32), 2), {}),

@@ -35,6 +35,11 @@ class ErrorFeedback(Compressor):
     (Stich et al., "Sparsified SGD with Memory", NeurIPS 2018; Karimireddy
     et al., "Error Feedback Fixes SignSGD", ICML 2019).
 
+    Around a :class:`~tfcompress.compressors.TopK` the three steps run as one
+    kernel (``TopK.compress_with_feedback``: the add fused into the
+    selection's first pass, ``e_{t+1}`` written as ``g_t + e_t`` with zeros at
+    the sent positions), with the same payload and memory bit for bit.
+
     Deep Gradient Compression (Lin, Han, Mao, Wang and Dally, "Deep Gradient
     Compression: Reducing the Communication Bandwidth for Distributed
     Training", ICLR 2018) adds three options, for momentum SGD with a
@@ -234,12 +239,29 @@ class ErrorFeedback(Compressor):
         if self.momentum:
             # Rounded once to the gradient's dtype (a float32 constant would round float64's m).
             velocity = tf.constant(self.momentum, x.dtype) * self._velocity + x
-        corrected = velocity + self._memory
-        payload = self._inner.compress(corrected)
-        self._memory.assign(corrected - self._inner.decompress(payload))
+        if self._fuses_feedback():
+            payload, new_memory = self._inner.compress_with_feedback(velocity, self._memory)
+            self._memory.assign(new_memory)
+        else:
+            corrected = velocity + self._memory
+            payload = self._inner.compress(corrected)
+            self._memory.assign(corrected - self._inner.decompress(payload))
         if self.momentum:
             self._velocity.assign(self._masked(velocity, self._inner.sent_positions(payload)))
         return payload
+
+    def _fuses_feedback(self) -> bool:
+        """Whether the inner compressor does this step in one kernel (``compress_with_feedback``).
+
+        TopK has one (``TFCompress>TopKFeedback``: the same payload and memory,
+        bit for bit, in the passes of its selection); every other compressor
+        takes the add / compress / decompress / subtract path. The fused
+        kernel exists for the CPU only, so a memory on a GPU keeps the unfused
+        ops, which stay on the device.
+        """
+        if not callable(getattr(self._inner, "compress_with_feedback", None)):
+            return False
+        return "GPU" not in (self._memory.device or "").upper()
 
     def _clip(self, x: tf.Tensor) -> tf.Tensor:
         """``x * min(1, c N^{-1/2} / ||x||)``; ``x`` itself, bit for bit, when within the norm."""

@@ -58,6 +58,7 @@ from tfcompress.ops.sparsify import (
     graph_name,
     sparse_scatter,
     threshold_select,
+    top_k_feedback,
     top_k_magnitudes,
 )
 
@@ -223,6 +224,33 @@ class TopK(_Sparse):
         count = self.count(num_elements(x), step)
         values, indices = top_k_magnitudes(x, count, tensor_name=tensor_name)
         return Selection(indices=indices, values=values)
+
+    def compress_with_feedback(
+        self, x: tf.Tensor, residual: tf.Tensor
+    ) -> tuple[Payload, tf.Tensor]:
+        """``compress(x + residual)`` and what it leaves of ``x + residual``, in one kernel.
+
+        With ``acc = x + residual`` (TensorFlow's add in ``x.dtype``), returns
+        ``(compress(acc), acc - decompress(compress(acc)))``, both bit for bit
+        (:func:`~tfcompress.ops.sparsify.top_k_feedback`): the step of
+        :class:`~tfcompress.compressors.ErrorFeedback` around this TopK, in
+        the passes of the selection instead of an add, a selection, a dense
+        scatter and a dense subtract. Advances the density warm-up's step
+        once, as :meth:`compress` does.
+
+        Args:
+          x: the tensor to compress (ErrorFeedback's gradient or velocity).
+          residual: the memory, of ``x``'s static shape and dtype.
+
+        Returns:
+          ``(payload, new_residual)``, ``new_residual`` of ``x``'s shape.
+        """
+        tensor_name = graph_name(x)
+        x = self._check_input(x)
+        count = self.count(num_elements(x), self._next_step())
+        values, indices, new_residual = top_k_feedback(x, residual, count, tensor_name=tensor_name)
+        payload = Payload(tensors={"values": values, "indices": indices}, **self._metadata(x))
+        return payload, new_residual
 
     def compressed_nbytes(self, shape: tf.TensorShape, dtype: tf.DType) -> int | None:
         """``k (itemsize + 4)``: the kept values and their int32 positions."""

@@ -98,6 +98,8 @@ _LAZY_EXPORTS: dict[str, tuple[str, ...]] = {
         "sparse_scatter_reference",
         "threshold_select",
         "threshold_select_reference",
+        "top_k_feedback",
+        "top_k_feedback_reference",
         "top_k_magnitudes",
         "top_k_magnitudes_reference",
     ),

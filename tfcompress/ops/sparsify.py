@@ -25,6 +25,10 @@ Conventions shared by all of them:
   tensor and the first flat index holding one: a sparsifier never drops a
   non-finite gradient silently.
 
+:func:`top_k_feedback` is :func:`top_k_magnitudes` with error feedback fused
+in: it selects from ``x + residual`` and returns what is left of it, in the
+passes of the selection (the kernel of ``ErrorFeedback(TopK(...))``).
+
 A sparse tensor travels as ``values: T [m]`` and ``indices: int32 [m]``, the
 indices strictly increasing and in ``[0, size)``; :func:`sparse_scatter`
 rejects anything else with ``InvalidArgumentError`` (a corrupted payload never
@@ -57,6 +61,8 @@ __all__ = [
     "sparse_scatter_reference",
     "threshold_select",
     "threshold_select_reference",
+    "top_k_feedback",
+    "top_k_feedback_reference",
     "top_k_magnitudes",
     "top_k_magnitudes_reference",
 ]
@@ -224,7 +230,83 @@ def random_k_indices(noise: TensorLike, k: TensorLike, name: str | None = None) 
     return dispatch("RandomKIndices", reference.random_k_indices, noise=noise, k=k)
 
 
+@define_op
+def top_k_feedback(
+    x: TensorLike,
+    residual: TensorLike,
+    k: TensorLike,
+    tensor_name: str | None = None,
+    name: str | None = None,
+) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    """Top-k of ``x + residual`` and the new residual, in one fused kernel (error feedback).
+
+    Computes, with ``acc = x + residual`` rounded as TensorFlow's add rounds it
+    in ``x.dtype``::
+
+        values, indices = top_k_magnitudes(acc, k)
+        new_residual    = acc - sparse_scatter(values, indices, size(acc))   # reshaped like x
+
+    bit for bit (``new_residual`` is ``acc`` with ``+0.0`` at ``indices``), as
+    ``ErrorFeedback(TopK(...))`` needs it each step (Stich et al., "Sparsified
+    SGD with Memory", NeurIPS 2018: ``p = top_k(g + e)``, ``e' = g + e - p``).
+    The C++ kernel reads ``x`` and ``residual`` once, writing ``acc`` while
+    it builds the selection's histogram, reads ``acc`` once more to select,
+    and touches only the ``k`` selected positions after that; the unfused
+    sequence makes about twice as many passes over the tensor. CPU kernel
+    only (on a GPU, TensorFlow places it on the host).
+
+    Args:
+        x: float16, bfloat16, float32 or float64 tensor of any shape.
+        residual: tensor of ``x``'s shape and dtype.
+        k: integer scalar in ``[0, size(x)]``.
+        tensor_name: how error messages name ``x`` (default: its graph name,
+            else ``"input"``).
+        name: optional name scope.
+
+    Returns:
+        ``(values, indices, new_residual)``: ``indices`` int32 ``[k]``
+        ascending, ``values`` ``[k]`` of ``x.dtype`` with
+        ``values[j] = acc.flat[indices[j]]``, ``new_residual`` of ``x``'s shape.
+
+    Raises:
+        TypeError: ``x`` is not floating point, ``residual`` not of its dtype,
+            or ``k`` not an integer.
+        tf.errors.InvalidArgumentError: ``residual``'s shape differs from
+            ``x``'s, ``k`` is out of range or not a scalar, or ``x + residual``
+            holds NaN or Inf (the message names the tensor and the first
+            flat index).
+
+    >>> values, indices, rest = top_k_feedback([0.5, -3.0, 2.0, 3.0], [1.0, 0.0, 0.5, -3.0], 2)
+    >>> values.numpy().tolist(), indices.numpy().tolist(), rest.numpy().tolist()
+    ([-3.0, 2.5], [1, 2], [1.5, 0.0, 0.0, 0.0])
+    """
+    tensor_name = tensor_name or graph_name(x)
+    x = _to_floats(x, "TopKFeedback", "x")
+    residual = to_tensor(residual, x.dtype)
+    if residual.dtype != x.dtype:
+        raise TypeError(
+            f"TopKFeedback: `residual` must have the dtype of `x` ({x.dtype.name}), got "
+            f"{residual.dtype.name}"
+        )
+    k = to_integer_scalar(k, "TopKFeedback", "k")
+    check_static_size(x, "TopKFeedback", tensor_name)
+    if not x.shape.is_compatible_with(residual.shape):
+        raise invalid_argument(
+            f"TopKFeedback: `residual` has shape {_shape_text(residual.shape)} but tensor "
+            f"`{tensor_name}` has shape {_shape_text(x.shape)}"
+        )
+    return dispatch(
+        "TopKFeedback",
+        reference.top_k_feedback,
+        x=x,
+        residual=residual,
+        k=k,
+        tensor_name=tensor_name,
+    )
+
+
 top_k_magnitudes_reference = top_k_magnitudes.reference
+top_k_feedback_reference = top_k_feedback.reference
 threshold_select_reference = threshold_select.reference
 sparse_scatter_reference = sparse_scatter.reference
 random_k_indices_reference = random_k_indices.reference
@@ -261,6 +343,13 @@ def check_static_size(x: tf.Tensor, op: str, tensor_name: str) -> None:
             f"{op}: tensor `{tensor_name}` has {n} elements; at most {MAX_ELEMENTS} are "
             "supported (indices are int32)"
         )
+
+
+def _shape_text(shape: tf.TensorShape) -> str:
+    """A shape as the kernel prints it (TensorFlow's format of an int vector): ``[2 3]``."""
+    if shape.rank is None:
+        return "<unknown>"
+    return "[" + " ".join("?" if d is None else str(d) for d in shape.as_list()) + "]"
 
 
 def _to_threshold(threshold: TensorLike) -> tf.Tensor:

@@ -26,6 +26,7 @@ __all__ = [
     "random_k_indices",
     "sparse_scatter",
     "threshold_select",
+    "top_k_feedback",
     "top_k_magnitudes",
 ]
 
@@ -67,6 +68,64 @@ def top_k_magnitudes(x: tf.Tensor, k: tf.Tensor, tensor_name: str) -> tuple[tf.T
         values = tf.gather(flat, indices)
     _set_length([values, indices], k)
     return values, indices
+
+
+def top_k_feedback(
+    x: tf.Tensor, residual: tf.Tensor, k: tf.Tensor, tensor_name: str
+) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    """``TFCompress>TopKFeedback`` in pure TensorFlow (same inputs, results and errors).
+
+    The unfused sequence the kernel replaces, except for the last step:
+    ``acc = x + residual`` (TensorFlow's Add), :func:`top_k_magnitudes` of
+    ``acc``, and ``acc`` with ``+0.0`` written at the selected positions, which
+    is ``acc - scatter(values, indices)`` bit for bit.
+    """
+    checks = []
+    if not (x.shape.is_fully_defined() and residual.shape.is_fully_defined()):
+        x_shape, residual_shape = tf.shape(x, tf.int64), tf.shape(residual, tf.int64)
+
+        def as_text(shape: tf.Tensor) -> tf.Tensor:
+            return tf.strings.reduce_join(tf.strings.as_string(shape), separator=",")
+
+        checks = require(
+            tf.equal(as_text(x_shape), as_text(residual_shape)),
+            lambda: [
+                "TopKFeedback: `residual` has shape ",
+                residual_shape,
+                f" but tensor `{tensor_name}` has shape ",
+                x_shape,
+            ],
+        )
+    with tf.control_dependencies(checks):
+        acc = tf.math.add(x, residual)
+    flat = tf.reshape(acc, [-1])
+    n = tf.size(flat, out_type=tf.int64)
+    checks = _require_size_fits(n, "TopKFeedback", tensor_name, checks)
+    checks = _require_count(
+        k,
+        n,
+        lambda: [
+            "TopKFeedback: `k` must be in [0, ",
+            n,
+            f"] (the number of elements of `{tensor_name}`), got ",
+            k,
+        ],
+        checks,
+    )
+    checks = _require_finite(
+        flat, "TopKFeedback", tensor_name, checks, what="plus its residual has"
+    )
+    with tf.control_dependencies(checks):
+        keys = _magnitude_keys(flat)
+        ranked = tf.math.top_k(keys, tf.cast(k, tf.int32), sorted=True).indices
+        indices = tf.sort(ranked)
+        values = tf.gather(flat, indices)
+        zeros = tf.zeros(tf.shape(indices), flat.dtype)
+        new_flat = tf.tensor_scatter_nd_update(flat, tf.expand_dims(indices, 1), zeros)
+        new_residual = tf.reshape(new_flat, tf.shape(x))
+    _set_length([values, indices], k)
+    new_residual.set_shape(x.shape)
+    return values, indices, new_residual
 
 
 def threshold_select(
@@ -222,8 +281,13 @@ def _require_count(
 
 
 def _require_finite(
-    flat: tf.Tensor, op: str, tensor_name: str, checks: list[tf.Operation]
+    flat: tf.Tensor,
+    op: str,
+    tensor_name: str,
+    checks: list[tf.Operation],
+    what: str = "has",
 ) -> list[tf.Operation]:
+    """Requires ``flat`` finite; the message reads "tensor `name` <what> a non-finite value"."""
     with tf.control_dependencies(checks):
         finite = tf.math.is_finite(flat)
 
@@ -231,7 +295,8 @@ def _require_finite(
             n = tf.size(flat, out_type=tf.int64)
             first = tf.reduce_min(tf.where(finite, n, tf.range(n, dtype=tf.int64)))
             return [
-                f"{op}: tensor `{tensor_name}` has a non-finite value (NaN or Inf) at flat index ",
+                f"{op}: tensor `{tensor_name}` {what} a non-finite value (NaN or Inf) at flat "
+                "index ",
                 first,
             ]
 

@@ -2,7 +2,8 @@
 //
 // CPU specialisations of the sparsify functors (declared in sparsify.h).
 // TensorFlow-free: the op kernels (sparsify.cc) and the GPU harness
-// (custom_ops/gpu_check) both instantiate them.
+// (custom_ops/gpu_check) both instantiate them; topk_feedback_cpu.h reuses
+// SelectLargest.
 //
 // Selection (TopK, RandomKIndices) is a one-level radix select, linear in the
 // number of elements and parallel except for a small final step:
@@ -13,15 +14,19 @@
 //      that x is finite;
 //   2. walking the summed histogram from the top finds the bin holding the
 //      k-th largest key; every element of higher bins is selected;
-//   3. the elements of that bin are gathered (at offsets known from the
-//      histograms) and std::nth_element finds the boundary element under the
-//      full order (key descending, index ascending);
-//   4. each block writes the indices it selects, in index order, at offsets
-//      known from the histograms: the output comes out sorted, with no sort.
+//   3. one more pass over the keys: each block writes the indices of its
+//      elements in higher bins, and gathers the elements of that bin (the
+//      candidates), both at offsets known from the histograms;
+//      std::nth_element finds the boundary element among the candidates
+//      under the full order (key descending, index ascending);
+//   4. each block merges its higher-bin indices with its selected candidates
+//      (both in index order) into the output, at offsets known from the
+//      counts: the output comes out sorted, with no sort, and the keys are
+//      read twice in all (TopKFeedback computes them in the first pass).
 //
-// Only step 3 is sequential, over one bin (about n / 4096 elements for
-// uniform noise, a few per mille of n for Gaussian gradients, and n in the
-// degenerate case of all-equal magnitudes, still linear).
+// Only the nth_element of step 3 is sequential, over one bin (about n / 4096
+// elements for uniform noise, a few per mille of n for Gaussian gradients,
+// and n in the degenerate case of all-equal magnitudes, still linear).
 //
 // Blocks: an input of n elements is cut into at most kMaxBlocks blocks of at
 // least kMinBlockSize elements, a function of n alone. Per-block results
@@ -89,14 +94,36 @@ inline bool RanksBefore(const Candidate<Key>& a, const Candidate<Key>& b) {
   return a.key > b.key || (a.key == b.key && a.index < b.index);
 }
 
+// Elements per chunk of the histogram pass: SelectLargest calls
+// prepare(begin, end) on one chunk, then reads the keys of that chunk, so that
+// a fused producer (TopKFeedback's add) writes a chunk that is still in the
+// L1 cache when its keys are read.
+constexpr int64_t kPrepareChunk = 2048;
+
+// A `prepare` that produces nothing: the keys are read from the input.
+struct NothingToPrepare {
+  void operator()(int64_t /*begin*/, int64_t /*end*/) const {}
+};
+
 // Writes to out[0, k) the positions of the k first elements of [0, n) in the
 // selection order of their keys key_of(i), ascending (see the file comment).
 // Keys have kKeyBits significant bits. Returns the first index whose key is
 // >= invalid_from (then `out` is unspecified), or -1.
-template <typename Key, int kKeyBits, typename KeyOf>
+//
+// prepare(begin, end) is called once for each chunk of at most kPrepareChunk
+// elements, in the histogram pass and before key_of reads any index of the
+// chunk (from any thread; chunks are disjoint). When the result is -1 it has
+// been called on every chunk of [0, n), exactly once; after an invalid key
+// the rest of that block is left unprepared.
+//
+// Passes over the keys: the histogram pass (1.), then one pass that gathers,
+// per block, the indices above the boundary bin and the candidates in it
+// (3.); the output is merged from those (4.), without reading the keys again.
+template <typename Key, int kKeyBits, typename KeyOf,
+          typename Prepare = NothingToPrepare>
 int64_t SelectLargest(const CpuDevice& device, int64_t n, int64_t k,
                       uint64_t invalid_from, const KeyOf& key_of,
-                      int32_t* out) {
+                      int32_t* out, const Prepare& prepare = Prepare()) {
   if (n == 0) return -1;
   constexpr int kShift =
       kKeyBits > kHistogramBits ? kKeyBits - kHistogramBits : 0;
@@ -106,18 +133,22 @@ int64_t SelectLargest(const CpuDevice& device, int64_t n, int64_t k,
   // 1. Histograms of the top bits, and the finiteness check.
   std::vector<uint32_t> histograms(blocks.count * kBins, 0);
   std::vector<int64_t> first_invalid(blocks.count, -1);
-  ForEachBlock(device, blocks, 3,
-               [&](int64_t block, int64_t begin, int64_t end) {
-                 uint32_t* histogram = histograms.data() + block * kBins;
-                 for (int64_t i = begin; i < end; ++i) {
-                   const Key key = key_of(i);
-                   if (static_cast<uint64_t>(key) >= invalid_from) {
-                     first_invalid[block] = i;
-                     return;
-                   }
-                   ++histogram[key >> kShift];
-                 }
-               });
+  ForEachBlock(
+      device, blocks, 3, [&](int64_t block, int64_t begin, int64_t end) {
+        uint32_t* histogram = histograms.data() + block * kBins;
+        for (int64_t chunk = begin; chunk < end; chunk += kPrepareChunk) {
+          const int64_t chunk_end = std::min(end, chunk + kPrepareChunk);
+          prepare(chunk, chunk_end);
+          for (int64_t i = chunk; i < chunk_end; ++i) {
+            const Key key = key_of(i);
+            if (static_cast<uint64_t>(key) >= invalid_from) {
+              first_invalid[block] = i;
+              return;
+            }
+            ++histogram[key >> kShift];
+          }
+        }
+      });
   for (const int64_t i : first_invalid) {
     if (i >= 0) return i;
   }
@@ -143,55 +174,90 @@ int64_t SelectLargest(const CpuDevice& device, int64_t n, int64_t k,
   }
   const int64_t in_boundary_bin = total[boundary_bin];
   const int64_t need = k - above;  // in [1, in_boundary_bin]
-  auto count_in = [&](int64_t block, int64_t bin) -> int64_t {
-    return histograms[block * kBins + bin];
-  };
 
-  // 3. The boundary element among the candidates of that bin.
+  // Per block, where its indices above the boundary bin and its candidates
+  // (keys in the boundary bin) go: in block order, so in index order.
+  std::vector<int64_t> above_offsets(blocks.count + 1, 0);
   std::vector<int64_t> candidate_offsets(blocks.count + 1, 0);
   for (int64_t b = 0; b < blocks.count; ++b) {
-    candidate_offsets[b + 1] = candidate_offsets[b] + count_in(b, boundary_bin);
+    const uint32_t* histogram = histograms.data() + b * kBins;
+    int64_t above_in_block = 0;
+    for (int64_t bin = boundary_bin + 1; bin < kBins; ++bin) {
+      above_in_block += histogram[bin];
+    }
+    above_offsets[b + 1] = above_offsets[b] + above_in_block;
+    candidate_offsets[b + 1] = candidate_offsets[b] + histogram[boundary_bin];
   }
+
+  // 3. One pass over the keys: the indices above the boundary bin (all
+  // selected) and the candidates, each block in index order.
+  std::vector<int32_t> above_indices(above);
   std::vector<Candidate<Key>> candidates(in_boundary_bin);
   const uint64_t bin_value = static_cast<uint64_t>(boundary_bin);
-  ForEachBlock(device, blocks, 2,
-               [&](int64_t block, int64_t begin, int64_t end) {
-                 Candidate<Key>* next =
-                     candidates.data() + candidate_offsets[block];
-                 for (int64_t i = begin; i < end; ++i) {
-                   const Key key = key_of(i);
-                   if (static_cast<uint64_t>(key >> kShift) == bin_value) {
-                     *next++ = {key, static_cast<int32_t>(i)};
-                   }
-                 }
-               });
-  std::nth_element(candidates.begin(), candidates.begin() + (need - 1),
-                   candidates.end(), RanksBefore<Key>);
-  const Candidate<Key> last = candidates[need - 1];
+  ForEachBlock(
+      device, blocks, 2, [&](int64_t block, int64_t begin, int64_t end) {
+        int32_t* next_above = above_indices.data() + above_offsets[block];
+        Candidate<Key>* next_candidate =
+            candidates.data() + candidate_offsets[block];
+        for (int64_t i = begin; i < end; ++i) {
+          const Key key = key_of(i);
+          const uint64_t bin = static_cast<uint64_t>(key >> kShift);
+          if (bin > bin_value) {
+            *next_above++ = static_cast<int32_t>(i);
+          } else if (bin == bin_value) {
+            *next_candidate++ = {key, static_cast<int32_t>(i)};
+          }
+        }
+      });
 
-  // 4. Each block writes its selected indices in order.
+  // The boundary element: the need-th candidate in the selection order
+  // (found on a copy, so that `candidates` stays in index order).
+  std::vector<Candidate<Key>> ranked(candidates);
+  std::nth_element(ranked.begin(), ranked.begin() + (need - 1), ranked.end(),
+                   RanksBefore<Key>);
+  const Candidate<Key> last = ranked[need - 1];
+  auto selected = [&last](const Candidate<Key>& c) {
+    return c.key > last.key || (c.key == last.key && c.index <= last.index);
+  };
+
+  // 4. Each block merges its indices above the bin with its selected
+  // candidates, both ascending, at the offset of its first selected index.
   std::vector<int64_t> offsets(blocks.count + 1, 0);
   for (int64_t b = 0; b < blocks.count; ++b) {
-    int64_t selected = 0;
-    for (int64_t bin = boundary_bin + 1; bin < kBins; ++bin) {
-      selected += count_in(b, bin);
-    }
-    offsets[b + 1] = selected;
+    offsets[b + 1] = above_offsets[b + 1] - above_offsets[b];
   }
-  for (int64_t j = 0; j < need; ++j) {
-    ++offsets[candidates[j].index / blocks.size + 1];
+  for (const Candidate<Key>& c : candidates) {
+    if (selected(c)) ++offsets[c.index / blocks.size + 1];
   }
   std::partial_sum(offsets.begin(), offsets.end(), offsets.begin());
-  ForEachBlock(device, blocks, 2,
-               [&](int64_t block, int64_t begin, int64_t end) {
-                 int32_t* next = out + offsets[block];
-                 for (int64_t i = begin; i < end; ++i) {
-                   const Key key = key_of(i);
-                   if (key > last.key || (key == last.key && i <= last.index)) {
-                     *next++ = static_cast<int32_t>(i);
-                   }
-                 }
-               });
+  const int64_t merge_cost =
+      std::max<int64_t>(1, 2 * (above + in_boundary_bin) / blocks.count);
+  ParallelFor(device, blocks.count, merge_cost,
+              [&](int64_t first, int64_t last_block) {
+                for (int64_t b = first; b < last_block; ++b) {
+                  const int32_t* a = above_indices.data() + above_offsets[b];
+                  const int32_t* a_end =
+                      above_indices.data() + above_offsets[b + 1];
+                  const Candidate<Key>* c =
+                      candidates.data() + candidate_offsets[b];
+                  const Candidate<Key>* c_end =
+                      candidates.data() + candidate_offsets[b + 1];
+                  int32_t* next = out + offsets[b];
+                  for (;;) {
+                    while (c != c_end && !selected(*c)) ++c;
+                    if (c == c_end) {
+                      std::copy(a, a_end, next);
+                      break;
+                    }
+                    if (a != a_end && *a < c->index) {
+                      *next++ = *a++;
+                    } else {
+                      *next++ = c->index;
+                      ++c;
+                    }
+                  }
+                }
+              });
   return -1;
 }
 
