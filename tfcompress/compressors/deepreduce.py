@@ -184,6 +184,11 @@ class DeepReduce(Compressor):
 
         ErrorFeedback(DeepReduce(), momentum=0.9)   # with SGD(momentum=0)
 
+    Measured on the small CNN with SGD 0.05 (2 workers, 624 steps, 3 seeds,
+    docs/bench/train-cnn-momentum): that form ends 1.3 points below
+    uncompressed momentum SGD (median 0.8420 against 0.8546), ``DeepReduce()``
+    alone under the optimizer's momentum 4.2 points below (0.8129).
+
     Any argument given keeps its meaning: ``DeepReduce(TopK(ratio=0.01),
     index_codec="bloom", value_codec="raw")`` is the former default, with
     no warm-up (``sparsifier="topk"`` names the same TopK).
