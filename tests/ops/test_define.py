@@ -60,6 +60,7 @@ SAMPLES = {
     "top_k_feedback": lambda: (([0.5, -3.0, 2.0, 3.0], [1.0, 0.0, 0.5, -3.0], 2), {}),
     "threshold_select": lambda: (([0.5, -3.0, 2.0], 2.5), {}),
     "sparse_scatter": lambda: (([1.0, -2.0], tf.constant([1, 3]), 4), {}),
+    "sparse_scatter_sum": lambda: (([1.0, -2.0, 3.0], tf.constant([1, 3, 1]), [2, 1], 4), {}),
     "random_k_indices": lambda: ((tf.constant([5, 9, 1, 9], tf.uint32), 2), {}),
     "bitmap_encode": lambda: (([0, 3, 9], 10), {}),
     "bitmap_decode": lambda: ((tf.constant([9, 2], tf.uint8), 10), {}),

@@ -268,15 +268,29 @@ class RandomK(PerStepRandomness, Sparsifier):
         )
 
     def decompress(self, payload: Payload) -> tf.Tensor:
-        d = payload.num_elements
+        values, indices = self.sparse_parts(payload)
+        return self._restore_shape(sparse_scatter(values, indices, payload.num_elements), payload)
+
+    def sparse_parts(self, payload: Payload) -> tuple[tf.Tensor, tf.Tensor]:
+        """``(values, S)``: the sent values and the positions drawn for them.
+
+        ``S`` is the payload's worker-local ``indices``; a payload rebuilt
+        without that metadata gets the positions of the latest ``compress``
+        (the same on every worker at a step). :meth:`aggregate` (the
+        sparsifiers' one-pass sum) adds the workers' values at ``S``, as the
+        all-reduce would.
+
+        Raises:
+          ValueError: no positions, and nothing compressed yet.
+        """
         indices = getattr(payload, "indices", None)
         if indices is None:
             # A payload rebuilt without its metadata: the positions of the latest compress.
             step = self.last_step()
             if step is None:
                 raise ValueError("RandomK.decompress: no payload was compressed yet")
-            indices = self._indices(d, step, self.context, "")
-        return self._restore_shape(sparse_scatter(payload.tensors["values"], indices, d), payload)
+            indices = self._indices(payload.num_elements, step, self.context, "")
+        return payload.tensors["values"], indices
 
     def compressed_nbytes(self, shape: tf.TensorShape, dtype: tf.DType) -> int | None:
         """``k itemsize`` with ``k = static_count(n)``: values only (positions are seeded)."""

@@ -23,6 +23,15 @@ options and :func:`kept_count` turns them into the count for one tensor. Both
 can also start denser and reach that count after a warm-up
 (:class:`DensityWarmup`, Deep Gradient Compression's exponential warm-up).
 
+Aggregation (the all-gather path): the ``N`` received payloads are decoded and
+added in one pass (:func:`sum_sparse_payloads`, the kernel
+:func:`tfcompress.ops.sparsify.sparse_scatter_sum`), which touches only the
+``N * k`` sent entries and writes the dense sum once, instead of ``N`` dense
+decodes stacked and reduced. The result is the same fold of the single decodes
+in worker order (float32 for half and bfloat16, float64 for float64, rounded
+once); for float32 and float64 and up to 8 workers, the default
+:meth:`~tfcompress.compressors.base.Compressor.aggregate`'s bits.
+
 Deep Gradient Compression's other techniques (momentum correction, momentum
 factor masking, local gradient clipping) need a residual and a velocity per
 tensor: they are options of
@@ -35,11 +44,14 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
+from collections.abc import Sequence
 
 import tensorflow as tf
 
 from tfcompress.compressors.base import Compressor, Payload
 from tfcompress.compressors.state import TensorContext
+from tfcompress.ops.checks import require
+from tfcompress.ops.sparsify import sparse_scatter_sum
 
 __all__ = [
     "DEFAULT_RATIO",
@@ -50,7 +62,9 @@ __all__ = [
     "check_ratio",
     "check_ratio_or_k",
     "kept_count",
+    "one_pass_sum_applies",
     "selected_count",
+    "sum_sparse_payloads",
     "without_default_warmup",
 ]
 
@@ -288,6 +302,65 @@ def without_default_warmup(config: dict) -> dict:
     return {k: v for k, v in config.items() if k not in defaults or v != defaults[k]}
 
 
+def one_pass_sum_applies(payloads: Sequence[Payload]) -> bool:
+    """Whether :func:`sum_sparse_payloads` should add these payloads.
+
+    True for two or more payloads none of whose tensors is placed (or, in a
+    graph, requested) on a GPU: the one-pass kernel is CPU-only, and on a GPU
+    the default's dense decodes stay on the device instead of crossing PCIe.
+    """
+    if len(payloads) < 2:
+        return False
+    for payload in payloads:
+        for tensor in payload.tensors.values():
+            device = getattr(tensor, "device", None) or ""
+            if "GPU" in device.upper():
+                return False
+    return True
+
+
+def sum_sparse_payloads(
+    parts: Sequence[tuple[tf.Tensor, tf.Tensor]], size: int | tf.Tensor
+) -> tf.Tensor:
+    """The sum of sparse payloads, decoded and added in one pass (flat, ``[size]``).
+
+    ``out = ((d_0 + d_1) + d_2) + ...`` with ``d_p`` the dense decode of
+    ``parts[p] = (values, indices)`` (its values at its int32 indices, +0
+    elsewhere), added in float32 (float64 for float64) and rounded to the
+    values' dtype once: :func:`tfcompress.ops.sparsify.sparse_scatter_sum`
+    over the concatenated payloads, which visits only the sent entries.
+
+    Raises:
+      tf.errors.InvalidArgumentError: a payload whose values and indices
+        differ in length, indices that are not strictly increasing or not in
+        ``[0, size)`` (the message names the element and the payload).
+    """
+    value_lengths = tf.stack([tf.size(values, out_type=tf.int64) for values, _ in parts])
+    index_lengths = tf.stack([tf.size(indices, out_type=tf.int64) for _, indices in parts])
+    differ = tf.not_equal(value_lengths, index_lengths)
+
+    def message() -> list:
+        p = tf.argmax(tf.cast(differ, tf.int32), output_type=tf.int64)
+        return [
+            "SparseScatterSum: corrupted payload: payload ",
+            p,
+            " has ",
+            tf.gather(value_lengths, p),
+            " values but ",
+            tf.gather(index_lengths, p),
+            " indices",
+        ]
+
+    checks = require(tf.logical_not(tf.reduce_any(differ)), message)
+    with tf.control_dependencies(checks):
+        return sparse_scatter_sum(
+            tf.concat([values for values, _ in parts], 0),
+            tf.concat([tf.cast(indices, tf.int32) for _, indices in parts], 0),
+            value_lengths,
+            size,
+        )
+
+
 @dataclasses.dataclass(frozen=True)
 class Selection:
     """The entries a sparsifier chose from one tensor.
@@ -361,6 +434,28 @@ class Sparsifier(Compressor):
         """
         del num_elements, dtype, step
         return None
+
+    def aggregate(self, payloads: Sequence[Payload]) -> tf.Tensor:
+        """The sum of the workers' tensors, decoded and added in one pass (``sum_sparse_payloads``).
+
+        Added in worker order in float32 (float64 for float64), rounded to the
+        gradient's dtype once, visiting only the sent entries; for float32
+        and float64 gradients and up to 8 workers the default's sum, bit for
+        bit. On a GPU, and for a single payload, the default (dense decodes).
+        """
+        if not one_pass_sum_applies(payloads):
+            return super().aggregate(payloads)
+        first = payloads[0]
+        flat = sum_sparse_payloads([self.sparse_parts(p) for p in payloads], first.num_elements)
+        return self._restore_shape(flat, first)
+
+    def sparse_parts(self, payload: Payload) -> tuple[tf.Tensor, tf.Tensor]:
+        """``(values, indices)`` of a payload: what :meth:`decompress` scatters.
+
+        The default reads the payload's ``"values"`` and ``"indices"`` tensors
+        (TopK, Threshold); RandomK takes its positions from the shared seed.
+        """
+        return payload.tensors["values"], payload.tensors["indices"]
 
     def sent_positions(self, payload: Payload) -> tf.Tensor:
         """The flat positions whose entries ``payload`` carries: int32 ``[m]``, ascending.

@@ -18,9 +18,12 @@ tensor        dtype    shape  content
 ``k * (itemsize + 4)`` bytes; for
 :class:`Threshold` it varies per worker and step. Neither is summable (two
 workers select different positions): payloads are all-gathered and every
-worker decodes all of them. ``decompress`` rejects a payload whose lengths
-differ, whose indices leave ``[0, d)``, or whose indices are not strictly
-increasing (a duplicate) with ``tf.errors.InvalidArgumentError``.
+worker decodes and adds all of them in one pass
+(:meth:`~tfcompress.compressors.sparsifier.Sparsifier.aggregate`: only the
+``N * m`` sent entries are visited, no dense tensor per payload).
+``decompress`` rejects a payload whose lengths differ, whose indices leave
+``[0, d)``, or whose indices are not strictly increasing (a duplicate) with
+``tf.errors.InvalidArgumentError``.
 
 Selection is exact and deterministic (kernels in ``custom_ops/sparsify``, see
 :mod:`tfcompress.ops.sparsify`): among equal magnitudes the lower index wins.

@@ -436,6 +436,42 @@ def _topk() -> Family:
     )
 
 
+def _sparse_sum() -> Family:
+    """``sparse_scatter_sum``: 0 to 8 TopK payloads of one tensor, concatenated, with lengths."""
+
+    def make(rng: np.random.Generator) -> Case:
+        size = int(rng.choice([1, 10, 1000, 5000]))
+        sets = [_index_set(rng, size).astype(np.int32) for _ in range(int(rng.integers(0, 9)))]
+        values = [_values(rng, indices.size) for indices in sets]
+        tensors = {
+            "values": np.concatenate([np.zeros([0], np.float32), *values]),
+            "indices": np.concatenate([np.zeros([0], np.int32), *sets]),
+            "row_lengths": np.array([indices.size for indices in sets], np.int64),
+        }
+        case = Case(tensors, {"size": size})
+        case.expected = ops.sparse_scatter_sum(
+            tensors["values"], tensors["indices"], tensors["row_lengths"], size
+        ).numpy()
+        return case
+
+    return Family(
+        name="sparse-sum",
+        make=make,
+        decode=lambda t, a: ops.sparse_scatter_sum(
+            t["values"], t["indices"], t["row_lengths"], a["size"]
+        ),
+        signature={
+            "values": tf.TensorSpec([None], tf.float32),
+            "indices": tf.TensorSpec([None], tf.int32),
+            "row_lengths": tf.TensorSpec([None], tf.int64),
+        },
+        contract=lambda output, a: (
+            None if output.shape == (a["size"],) else f"{output.shape}, expected [{a['size']}]"
+        ),
+        attribute_values=_bounded_attribute,
+    )
+
+
 _CONTAINER_SHAPE = (40, 25)
 
 
@@ -585,6 +621,7 @@ def _make_families() -> dict[str, Callable[[], Family]]:
         "signsgd": lambda: _scaled("signsgd", ops.sign_encode, ops.sign_decode),
         "bitpack": _bitpack,
         "topk": _topk,
+        "sparse-sum": _sparse_sum,
         "container": _container,
         "gradiveq": _gradiveq,
     }

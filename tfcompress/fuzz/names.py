@@ -21,6 +21,7 @@ FAMILIES = (
     "signsgd",
     "bitpack",
     "topk",
+    "sparse-sum",
     "container",
     "gradiveq",
 )

@@ -96,6 +96,8 @@ _LAZY_EXPORTS: dict[str, tuple[str, ...]] = {
         "random_k_indices_reference",
         "sparse_scatter",
         "sparse_scatter_reference",
+        "sparse_scatter_sum",
+        "sparse_scatter_sum_reference",
         "threshold_select",
         "threshold_select_reference",
         "top_k_feedback",

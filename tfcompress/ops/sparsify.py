@@ -32,7 +32,8 @@ passes of the selection (the kernel of ``ErrorFeedback(TopK(...))``).
 A sparse tensor travels as ``values: T [m]`` and ``indices: int32 [m]``, the
 indices strictly increasing and in ``[0, size)``; :func:`sparse_scatter`
 rejects anything else with ``InvalidArgumentError`` (a corrupted payload never
-reads or writes out of bounds).
+reads or writes out of bounds). :func:`sparse_scatter_sum` decodes ``N`` such
+payloads and adds them in one pass, with the same checks.
 """
 
 from __future__ import annotations
@@ -59,6 +60,8 @@ __all__ = [
     "random_k_indices_reference",
     "sparse_scatter",
     "sparse_scatter_reference",
+    "sparse_scatter_sum",
+    "sparse_scatter_sum_reference",
     "threshold_select",
     "threshold_select_reference",
     "top_k_feedback",
@@ -202,6 +205,76 @@ def sparse_scatter(
 
 
 @define_op
+def sparse_scatter_sum(
+    values: TensorLike,
+    indices: TensorLike,
+    row_lengths: TensorLike,
+    size: TensorLike,
+    name: str | None = None,
+) -> tf.Tensor:
+    """The sum of ``N`` sparse payloads, decoded and added in one pass.
+
+    Payload ``p`` is the next ``row_lengths[p]`` elements of ``values`` and
+    ``indices`` (a sparse tensor as :func:`sparse_scatter` takes it); with
+    ``d_p`` its decode (its values at its indices, +0 elsewhere)::
+
+        dense[i] = (((+0 + d_0[i]) + d_1[i]) + d_2[i]) + ... + d_{N-1}[i]
+
+    added in payload order in float32 (float64 for float64), from +0, and
+    rounded to the values' dtype once; one payload gives ``d_0`` itself (as
+    :func:`sparse_scatter`). The C++ kernel visits only the ``M`` entries and
+    writes the output once (no dense tensor per payload), and gives the bits
+    of that fold of dense decodes, signed zeros and flushed subnormals
+    included. For float32, float64 and bfloat16 and up to 8 payloads this is
+    ``tf.reduce_sum(tf.stack([d_0, ..., d_{N-1}]), 0)`` bit for bit (the
+    default :meth:`tfcompress.compressors.Compressor.aggregate`), which also
+    starts from +0; beyond 8 payloads TensorFlow's order is not documented,
+    and for float16 TensorFlow adds in float16 (this op: float32, rounded
+    once). Every check runs before anything is written; values are not
+    checked (as :func:`sparse_scatter` does not check them).
+
+    Args:
+        values: 1-D float16, bfloat16, float32 or float64 tensor ``[M]``, the
+            payloads' values one after the other.
+        indices: 1-D int32 tensor ``[M]``: each payload's strictly
+            increasing, each in ``[0, size)``.
+        row_lengths: 1-D integer tensor ``[N]``: the payloads' lengths, each
+            in ``[0, M]``, summing to ``M``. Empty payloads, and ``N = 0``
+            (an all-zero result), are valid.
+        size: integer scalar ``>= 0``, the length of the result.
+        name: optional name scope.
+
+    Returns:
+        A 1-D tensor ``[size]`` of ``values.dtype``.
+
+    Raises:
+        TypeError: ``values`` is not floating point, ``indices`` not int32 or
+            ``row_lengths`` not integer.
+        tf.errors.InvalidArgumentError: a corrupted payload (lengths that
+            differ or do not add up, an index out of range, a duplicate or
+            out-of-order index: the message names "element j of payload p"),
+            a negative ``size``, or a wrong rank.
+
+    >>> sparse_scatter_sum([1.0, -2.0, 3.0], tf.constant([1, 3, 1]), [2, 1], 4).numpy().tolist()
+    [0.0, 4.0, 0.0, -2.0]
+    """
+    op = "SparseScatterSum"
+    values, indices, size = _to_sparse(values, indices, size, op)
+    row_lengths = to_tensor(row_lengths, tf.int64)
+    if not row_lengths.dtype.is_integer:
+        raise TypeError(f"{op}: `row_lengths` must be integers, got {row_lengths.dtype.name}")
+    check_rank(row_lengths, 1, op, "row_lengths")
+    return dispatch(
+        op,
+        reference.sparse_scatter_sum,
+        values=values,
+        indices=indices,
+        row_lengths=tf.cast(row_lengths, tf.int64),
+        size=size,
+    )
+
+
+@define_op
 def random_k_indices(noise: TensorLike, k: TensorLike, name: str | None = None) -> tf.Tensor:
     """The positions of the ``k`` largest noise values, ascending.
 
@@ -309,6 +382,7 @@ top_k_magnitudes_reference = top_k_magnitudes.reference
 top_k_feedback_reference = top_k_feedback.reference
 threshold_select_reference = threshold_select.reference
 sparse_scatter_reference = sparse_scatter.reference
+sparse_scatter_sum_reference = sparse_scatter_sum.reference
 random_k_indices_reference = random_k_indices.reference
 
 
@@ -363,15 +437,15 @@ def _to_threshold(threshold: TensorLike) -> tf.Tensor:
 
 
 def _to_sparse(
-    values: TensorLike, indices: TensorLike, size: TensorLike
+    values: TensorLike, indices: TensorLike, size: TensorLike, op: str = "SparseScatter"
 ) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
-    values = _to_floats(values, "SparseScatter", "values")
+    values = _to_floats(values, op, "values")
     indices = to_tensor(indices, tf.int32)
     if indices.dtype != tf.int32:
-        raise TypeError(f"SparseScatter: `indices` must be int32, got {indices.dtype.name}")
-    check_rank(values, 1, "SparseScatter", "values")
-    check_rank(indices, 1, "SparseScatter", "indices")
-    return values, indices, to_integer_scalar(size, "SparseScatter", "size")
+        raise TypeError(f"{op}: `indices` must be int32, got {indices.dtype.name}")
+    check_rank(values, 1, op, "values")
+    check_rank(indices, 1, op, "indices")
+    return values, indices, to_integer_scalar(size, op, "size")
 
 
 def _to_noise(noise: TensorLike) -> tf.Tensor:

@@ -25,6 +25,7 @@ __all__ = [
     "MAX_ELEMENTS",
     "random_k_indices",
     "sparse_scatter",
+    "sparse_scatter_sum",
     "threshold_select",
     "top_k_feedback",
     "top_k_magnitudes",
@@ -222,6 +223,162 @@ def sparse_scatter(values: tf.Tensor, indices: tf.Tensor, size: tf.Tensor) -> tf
     with tf.control_dependencies(checks):
         zeros = tf.zeros(tf.reshape(size, [1]), values.dtype)
         dense = tf.tensor_scatter_nd_update(zeros, tf.expand_dims(indices, 1), values)
+    _set_length([dense], size)
+    return dense
+
+
+def sparse_scatter_sum(
+    values: tf.Tensor, indices: tf.Tensor, row_lengths: tf.Tensor, size: tf.Tensor
+) -> tf.Tensor:
+    """``TFCompress>SparseScatterSum``: the single decodes of the payloads, added in order.
+
+    Payload ``p`` is the slice of ``row_lengths[p]`` elements of ``values``
+    and ``indices`` after the previous payloads'. Its decode ``d_p`` is what
+    :func:`sparse_scatter` writes (its values at its indices, +0 elsewhere);
+    the sum of two or more starts from +0 and adds ``d_0, d_1, ...`` in
+    order, in float32 (float64 for float64), then rounds to the values' dtype
+    once; one payload gives ``d_0`` itself. Dense work
+    (``N`` decodes of ``size`` elements): the oracle of the one-pass kernel,
+    and its fallback.
+    """
+    op = "SparseScatterSum"
+    checks = _require_rank(values, 1, op, "values")
+    checks += _require_rank(indices, 1, op, "indices")
+    checks += _require_rank(row_lengths, 1, op, "row_lengths")
+    with tf.control_dependencies(checks):
+        values = tf.reshape(values, [-1])
+        indices = tf.reshape(indices, [-1])
+        row_lengths = tf.reshape(row_lengths, [-1])
+        m = tf.size(values, out_type=tf.int64)
+        m_indices = tf.size(indices, out_type=tf.int64)
+        checks = require(
+            tf.equal(m, m_indices),
+            lambda: [
+                f"{op}: corrupted payload: `values` has ",
+                m,
+                " elements but `indices` has ",
+                m_indices,
+            ],
+        )
+    with tf.control_dependencies(checks):
+        checks = require(size >= 0, lambda: [f"{op}: `size` must be >= 0, got ", size])
+    with tf.control_dependencies(checks):
+        num_payloads = tf.size(row_lengths, out_type=tf.int64)
+        payload_numbers = tf.range(num_payloads, dtype=tf.int64)
+        bad_length = tf.logical_or(row_lengths < 0, row_lengths > m)
+        padded_lengths = tf.concat([row_lengths, tf.zeros([1], tf.int64)], 0)
+
+        def length_message() -> list[str | tf.Tensor]:
+            p = tf.minimum(
+                tf.reduce_min(tf.where(bad_length, payload_numbers, num_payloads)), num_payloads
+            )
+            return [
+                f"{op}: corrupted payload: `row_lengths[",
+                p,
+                "]` = ",
+                tf.gather(padded_lengths, p),
+                " is out of range [0, ",
+                m,
+                "] (the length of `values`)",
+            ]
+
+        checks = require(tf.logical_not(tf.reduce_any(bad_length)), length_message)
+    with tf.control_dependencies(checks):
+        # Each length is in [0, m]: the sum cannot overflow.
+        total = tf.reduce_sum(row_lengths)
+        checks = require(
+            tf.equal(total, m),
+            lambda: [
+                f"{op}: corrupted payload: `row_lengths` sum to ",
+                total,
+                " but `values` has ",
+                m,
+                " elements",
+            ],
+        )
+    with tf.control_dependencies(checks):
+        ends = tf.cumsum(row_lengths)
+        starts = ends - row_lengths
+        positions = tf.range(m, dtype=tf.int64)
+        # The payload holding element g: the number of payloads ending at or before g.
+        payload_of = tf.searchsorted(ends, positions, side="right", out_type=tf.int64)
+        within = positions - tf.gather(tf.concat([starts, [0]], 0), payload_of)
+        wide = tf.cast(indices, tf.int64)
+        # In a graph the messages are computed even when the checks pass, so
+        # they read padded tensors at positions clipped into range.
+        padded = tf.concat([wide, tf.zeros([1], tf.int64)], 0)
+        padded_payload = tf.concat([payload_of, tf.zeros([1], tf.int64)], 0)
+        padded_within = tf.concat([within, tf.zeros([1], tf.int64)], 0)
+
+        def element(bad: tf.Tensor) -> tf.Tensor:
+            return tf.minimum(tf.reduce_min(tf.where(bad, positions, m)), m)
+
+        out_of_range = tf.logical_or(wide < 0, wide >= size)
+
+        def range_message() -> list[str | tf.Tensor]:
+            g = element(out_of_range)
+            return [
+                f"{op}: corrupted payload: element ",
+                tf.gather(padded_within, g),
+                " of payload ",
+                tf.gather(padded_payload, g),
+                " has index ",
+                tf.gather(padded, g),
+                ", out of range [0, ",
+                size,
+                ")",
+            ]
+
+        checks = require(tf.logical_not(tf.reduce_any(out_of_range)), range_message)
+    with tf.control_dependencies(checks):
+        previous = tf.concat([tf.zeros([1], tf.int64), wide[:-1]], 0)[: tf.size(wide)]
+        unordered = tf.logical_and(within > 0, wide <= previous)
+
+        def order_message() -> list[str | tf.Tensor]:
+            g = element(unordered)
+            return [
+                f"{op}: corrupted payload: element ",
+                tf.gather(padded_within, g),
+                " of payload ",
+                tf.gather(padded_payload, g),
+                " has index ",
+                tf.gather(padded, g),
+                ", not above the index ",
+                tf.gather(padded, tf.maximum(g - 1, 0)),
+                " of element ",
+                tf.gather(padded_within, g) - 1,
+                " (a payload's indices must be strictly increasing)",
+            ]
+
+        checks = require(tf.logical_not(tf.reduce_any(unordered)), order_message)
+    with tf.control_dependencies(checks):
+        compute = tf.float64 if values.dtype == tf.float64 else tf.float32
+        zeros = tf.zeros(tf.reshape(size, [1]), values.dtype)
+
+        def decoded(p: tf.Tensor) -> tf.Tensor:
+            """d_p in the compute type: payload p written into zeros of the values' dtype."""
+            begin, length = tf.gather(starts, p), tf.gather(row_lengths, p)
+            rows = tf.slice(indices, tf.reshape(begin, [1]), tf.reshape(length, [1]))
+            written = tf.tensor_scatter_nd_update(
+                zeros,
+                tf.expand_dims(rows, 1),
+                tf.slice(values, tf.reshape(begin, [1]), tf.reshape(length, [1])),
+            )
+            return tf.cast(written, compute)
+
+        def fold() -> tf.Tensor:
+            # From +0, as tf.reduce_sum over a stacked axis adds two or more rows.
+            _, total = tf.while_loop(
+                lambda p, _: p < num_payloads,
+                lambda p, t: (p + 1, t + decoded(p)),
+                (tf.constant(0, tf.int64), tf.zeros(tf.reshape(size, [1]), compute)),
+            )
+            return total
+
+        total_sum = tf.cond(
+            tf.equal(num_payloads, 1), lambda: decoded(tf.constant(0, tf.int64)), fold
+        )
+        dense = tf.cast(total_sum, values.dtype)
     _set_length([dense], size)
     return dense
 
