@@ -1,6 +1,6 @@
 """Benchmarks that print a table and can draw plots.
 
-tfcompress bench ops [--sizes 1000000 25000000] [--repeats 7] [--out DIR] [--plot]
+tfcompress bench ops [--sizes 1000000 25000000] [--repeats 7] [--threads 1 2] [--out DIR] [--plot]
 tfcompress bench aggregate [--cluster local|tf_config] [--models ...] [--workers ...] ...
 tfcompress bench train [--task cnn|mlp] [--cluster local|tf_config] [--variants ...] ...
 tfcompress bench soak [--workers 4] [--steps 2000] [--sample-every 10] [--rows ...] ...
@@ -61,6 +61,14 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         nargs="*",
         default=[2, 4, 8],
         help="payload counts of the decode-and-sum rows (QSGD 4-bit); none: no such rows",
+    )
+    ops.add_argument(
+        "--threads",
+        type=positive_int,
+        nargs="*",
+        default=[1, 2],
+        help="intra-op thread counts of the thread-scaling columns (kernel round trips and "
+        "decode-and-sum, one child process per count); none: no such columns",
     )
     ops.add_argument("--out", default=None, help="folder for ops.md, ops.json and ops.png")
     ops.add_argument("--plot", action="store_true", help="also draw ops.png (matplotlib)")

@@ -16,6 +16,14 @@ the ``N`` payloads into one output (``qsgd_decode_sum``), against the default
 ``Compressor.aggregate`` (``N`` decodes, stacked and summed), each against a
 memory copy of the output's bytes.
 
+Thread scaling (``--threads``, default 1 and 2): every kernel row's round
+trip and every one-pass decode-and-sum is timed again in one child process
+per thread count, with TensorFlow's intra-op pool (which the kernels split
+their work over) set to that many threads before the child's first op
+(TensorFlow fixes its pools when it starts); the table gains a GB/s column
+per count (ms for decode-and-sum) and the last count's speed-up over the
+first. ``--threads`` with no count leaves the columns out.
+
 The DeepReduce rows (``deepreduce <index codec>``) sparsify to the top 1% and
 encode the indices with each index codec (raw float32 values; ``bloom`` is
 policy P0 at the default ``eps = 0.1 r / d``), so their encode and decode sit
@@ -27,9 +35,12 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import os
 import pathlib
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 
@@ -170,10 +181,7 @@ def main(args: argparse.Namespace) -> int:
                     flush=True,
                 )
                 with ops.implementation(impl):
-                    fn, _ = _round_trip_fn(label)
-                    graph = tf.function(fn)
-                    graph.get_concrete_function(x)  # trace inside the chosen implementation
-                    seconds = measure(lambda graph=graph, x=x: graph(x).numpy(), args.repeats)
+                    seconds = _round_trip_seconds(label, x, args.repeats)
                     row = {
                         "label": label,
                         "size": n,
@@ -190,10 +198,25 @@ def main(args: argparse.Namespace) -> int:
                 rows.append(row)
     sum_rows = []
     counts = getattr(args, "sum_payloads", None) or []
-    if counts and "qsgd 4-bit" in labels and kernel:
-        for n in args.sizes:
-            print(f"\r[decode-and-sum] n={n:,} ...".ljust(60), end="", file=sys.stderr, flush=True)
-            sum_rows += _decode_sum_rows(n, counts, args.repeats)
+    if not (counts and "qsgd 4-bit" in labels and kernel):
+        counts = []
+    for n in args.sizes if counts else []:
+        print(f"\r[decode-and-sum] n={n:,} ...".ljust(60), end="", file=sys.stderr, flush=True)
+        sum_rows += _decode_sum_rows(n, counts, args.repeats)
+    thread_counts = list(getattr(args, "threads", None) or []) if kernel else []
+    if thread_counts:
+        scaling = {}
+        for threads in thread_counts:
+            print(
+                f"\r[threads] {threads} intra-op thread(s) ...".ljust(60),
+                end="",
+                file=sys.stderr,
+                flush=True,
+            )
+            scaling[threads] = _thread_child_seconds(
+                threads, args.sizes, labels, counts, args.repeats
+            )
+        _add_thread_columns(rows, sum_rows, scaling)
     print(file=sys.stderr)
     table = format_table(rows)
     if sum_rows:
@@ -210,29 +233,47 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-def _decode_sum_rows(n: int, counts: list[int], repeats: int) -> list[dict]:
-    """Seconds of QSGD 4-bit's one-pass aggregate and of the default one, N payloads of n."""
+def _round_trip_seconds(label: str, x: tf.Tensor, repeats: int) -> float:
+    """Median seconds of ``label``'s round trip of ``x`` in one ``tf.function``, traced here."""
+    fn, _ = _round_trip_fn(label)
+    graph = tf.function(fn)
+    graph.get_concrete_function(x)  # trace inside the caller's implementation
+    return measure(lambda: graph(x).numpy(), repeats)
+
+
+SUM_LABEL = "qsgd 4-bit decode-and-sum"
+
+
+def _sum_payloads(n: int, count: int) -> tuple[C.Compressor, list]:
     compressor = C.get("qsgd", bits=4, seed=1)
     rng = np.random.default_rng(2)
     payloads = [
         compressor.compress(tf.constant(rng.normal(size=n).astype(np.float32)))
-        for _ in range(max(counts))
+        for _ in range(count)
     ]
+    return compressor, payloads
+
+
+def _aggregate_seconds(aggregate: Callable, received: list, repeats: int) -> float:
+    graph = tf.function(lambda: aggregate(received))
+    return measure(lambda: graph().numpy(), repeats)
+
+
+def _decode_sum_rows(n: int, counts: list[int], repeats: int) -> list[dict]:
+    """Seconds of QSGD 4-bit's one-pass aggregate and of the default one, N payloads of n."""
+    compressor, payloads = _sum_payloads(n, max(counts))
     copy_s = _memcpy_seconds(n, repeats)
     rows = []
-
-    def timed(aggregate: Callable, received: list) -> float:
-        graph = tf.function(lambda: aggregate(received))
-        return measure(lambda: graph().numpy(), repeats)
-
     for count in counts:
         received = payloads[:count]
         with ops.implementation("kernel"):
-            fused_s = timed(compressor.aggregate, received)
-            separate_s = timed(functools.partial(C.Compressor.aggregate, compressor), received)
+            fused_s = _aggregate_seconds(compressor.aggregate, received, repeats)
+            separate_s = _aggregate_seconds(
+                functools.partial(C.Compressor.aggregate, compressor), received, repeats
+            )
         rows.append(
             {
-                "label": "qsgd 4-bit decode-and-sum",
+                "label": SUM_LABEL,
                 "size": n,
                 "payloads": count,
                 "fused_seconds": fused_s,
@@ -243,29 +284,152 @@ def _decode_sum_rows(n: int, counts: list[int], repeats: int) -> list[dict]:
     return rows
 
 
+def _thread_child_seconds(
+    threads: int, sizes: list[int], labels: list[str], sum_counts: list[int], repeats: int
+) -> list[dict]:
+    """Kernel round trips (and one-pass decode-and-sums) timed in a child with ``threads`` threads.
+
+    TensorFlow sizes its intra-op pool once, when it starts, so each thread
+    count needs its own process: ``python -m tfcompress.bench.ops
+    --thread-child N ...`` (:func:`_thread_child`). Returns its results:
+    ``{"label", "size", "seconds"}`` and, for decode-and-sum,
+    ``{"label", "size", "payloads", "seconds"}``.
+    """
+    package_root = pathlib.Path(tfcompress.__file__).resolve().parents[1]
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(package_root), *filter(None, [env.get("PYTHONPATH")])])
+    with tempfile.TemporaryDirectory(prefix="tfcompress-threads-") as scratch:
+        path = pathlib.Path(scratch) / "results.json"
+        command = [
+            sys.executable,
+            "-m",
+            "tfcompress.bench.ops",
+            "--thread-child",
+            str(threads),
+            "--json",
+            str(path),
+            "--repeats",
+            str(repeats),
+            "--sizes",
+            *(str(n) for n in sizes),
+            "--labels",
+            *labels,
+            "--sum-payloads",
+            *(str(c) for c in sum_counts),
+        ]
+        proc = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            raise RuntimeError(
+                f"bench ops: the {threads}-thread child failed (exit {proc.returncode}):\n"
+                + proc.stderr[-4000:]
+            )
+        result = json.loads(path.read_text())
+    if result["threads"] != threads:
+        raise RuntimeError(
+            f"bench ops: the child ran with {result['threads']} intra-op threads, not {threads}"
+        )
+    return result["results"]
+
+
+def _add_thread_columns(rows: list[dict], sum_rows: list[dict], scaling: dict) -> None:
+    """Adds ``threads_gbps`` (kernel rows) and ``threads_seconds`` (decode-and-sum rows)."""
+    for threads, results in scaling.items():
+        for result in results:
+            if result["label"] == SUM_LABEL:
+                for row in sum_rows:
+                    if (row["size"], row["payloads"]) == (result["size"], result["payloads"]):
+                        row.setdefault("threads_seconds", {})[str(threads)] = result["seconds"]
+                continue
+            for row in rows:
+                if row["impl"] == "kernel" and (row["label"], row["size"]) == (
+                    result["label"],
+                    result["size"],
+                ):
+                    gbps = 4 * row["size"] / result["seconds"] / 1e9
+                    row.setdefault("threads_gbps", {})[str(threads)] = gbps
+
+
+def _thread_child(argv: list[str]) -> int:
+    """The child of :func:`_thread_child_seconds`: sets the pool, then times the kernels."""
+    parser = argparse.ArgumentParser(prog="python -m tfcompress.bench.ops")
+    parser.add_argument("--thread-child", type=int, required=True)
+    parser.add_argument("--json", required=True)
+    parser.add_argument("--repeats", type=int, required=True)
+    parser.add_argument("--sizes", type=int, nargs="+", required=True)
+    parser.add_argument("--labels", nargs="*", default=[])
+    parser.add_argument("--sum-payloads", type=int, nargs="*", default=[])
+    args = parser.parse_args(argv)
+    # Before the first op: TensorFlow creates its pools then, and keeps them.
+    tf.config.threading.set_intra_op_parallelism_threads(args.thread_child)
+    results = []
+    for n in args.sizes:
+        x = tf.constant(np.random.default_rng(1).normal(size=n).astype(np.float32))
+        with ops.implementation("kernel"):
+            for label in args.labels:
+                seconds = _round_trip_seconds(label, x, args.repeats)
+                results.append({"label": label, "size": n, "seconds": seconds})
+            if args.sum_payloads:
+                compressor, payloads = _sum_payloads(n, max(args.sum_payloads))
+                for count in args.sum_payloads:
+                    seconds = _aggregate_seconds(
+                        compressor.aggregate, payloads[:count], args.repeats
+                    )
+                    results.append(
+                        {"label": SUM_LABEL, "size": n, "payloads": count, "seconds": seconds}
+                    )
+    threads = tf.config.threading.get_intra_op_parallelism_threads()
+    pathlib.Path(args.json).write_text(json.dumps({"threads": threads, "results": results}))
+    return 0
+
+
+def _thread_counts(rows: list[dict], key: str) -> list[str]:
+    counts = {t for r in rows for t in r.get(key, {})}
+    return sorted(counts, key=int)
+
+
+def _thread_cells(values: dict, counts: list[str], form) -> str:
+    """The thread columns of one line: a cell per count, then the last count over the first."""
+    cells = "".join(f" {form(values[t])} |" if t in values else " |" for t in counts)
+    if len(counts) > 1:
+        first, last = values.get(counts[0]), values.get(counts[-1])
+        cells += f" {last / first:.2f}x |" if first and last else " |"
+    return cells
+
+
 def format_sum_table(rows: list[dict]) -> str:
     """Markdown table of the decode-and-sum rows."""
+    counts = _thread_counts(rows, "threads_seconds")
+    header = "".join(f" one pass, {t} thr (ms) |" for t in counts)
+    header += f" {counts[-1]} thr / {counts[0]} thr |" if len(counts) > 1 else ""
     lines = [
         "| decode-and-sum | elements | payloads | one pass (ms) | N decodes + sum (ms) "
-        "| speed-up | one pass / memcpy of the output |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| speed-up | one pass / memcpy of the output |" + header,
+        "|---|---:|---:|---:|---:|---:|---:|" + "---:|" * (len(counts) + (len(counts) > 1)),
     ]
     for r in rows:
+        # Speed-up of the last count over the first: time ratio first / last.
+        speeds = {t: 1.0 / s for t, s in r.get("threads_seconds", {}).items()}
+        cells = _thread_cells(speeds, counts, lambda speed: f"{1e3 / speed:.1f}")
         lines.append(
             f"| {r['label']} | {r['size']:,} | {r['payloads']} | {1e3 * r['fused_seconds']:.1f} "
             f"| {1e3 * r['separate_seconds']:.1f} "
             f"| {r['separate_seconds'] / r['fused_seconds']:.2f}x "
-            f"| {r['fused_seconds'] / r['memcpy_seconds']:.1f}x |"
+            f"| {r['fused_seconds'] / r['memcpy_seconds']:.1f}x |" + cells
         )
     return "\n".join(lines)
 
 
 def format_table(rows: list[dict]) -> str:
     """Markdown table: one line per (compressor, size) with kernel and reference side by side."""
+    counts = _thread_counts(rows, "threads_gbps")
+    header = "".join(f" {t} thr GB/s |" for t in counts)
+    header += f" {counts[-1]} thr / {counts[0]} thr |" if len(counts) > 1 else ""
+    blank = " |" * (len(counts) + (len(counts) > 1))
     lines = [
         "| compressor | elements | kernel GB/s | encode GB/s | decode GB/s | reference GB/s "
-        "| kernel / reference | kernel / memcpy | ratio |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| kernel / reference | kernel / memcpy | ratio |" + header,
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+        + "---:|" * (len(counts) + (len(counts) > 1)),
     ]
     by_key: dict[tuple[str, int], dict[str, dict]] = {}
     for r in rows:
@@ -274,6 +438,7 @@ def format_table(rows: list[dict]) -> str:
         if "numpy" in impls:
             lines.append(
                 f"| memory copy (NumPy) | {size:,} | {impls['numpy']['gbps']:.2f} | | | | | | 1.00x |"
+                + blank
             )
             continue
         k, ref = impls.get("kernel"), impls.get("reference")
@@ -284,9 +449,12 @@ def format_table(rows: list[dict]) -> str:
         share = f"{k['gbps'] / k['memcpy_gbps']:.2f}" if k else ""
         encode = f"{k['encode_gbps']:.2f}" if k and "encode_gbps" in k else ""
         decode = f"{k['decode_gbps']:.2f}" if k and "decode_gbps" in k else ""
+        threads = _thread_cells(
+            (k or {}).get("threads_gbps", {}), counts, lambda gbps: f"{gbps:.2f}"
+        )
         lines.append(
             f"| {label} | {size:,} | {kernel_cell} | {encode} | {decode} | {reference_cell} "
-            f"| {speedup} | {share} | {ratio:.1f}x |"
+            f"| {speedup} | {share} | {ratio:.1f}x |" + threads
         )
     return "\n".join(lines)
 
@@ -318,3 +486,7 @@ def _plot(rows: list[dict], path: pathlib.Path) -> None:
         ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=100)
+
+
+if __name__ == "__main__":
+    sys.exit(_thread_child(sys.argv[1:]))
