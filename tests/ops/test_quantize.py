@@ -396,6 +396,8 @@ CORRUPTED = [
     ("qsgd level above s", "qsgd", (F32([1]), U8([0x0C, 0]), 3), r"level above levels=5"),
     ("qsgd nan norm", "qsgd", (F32([np.nan]), U8([0, 0]), 3), r"`norms\[0\]` = nan"),
     ("qsgd negative norm", "qsgd", (F32([-1]), U8([0, 0]), 3), r"not a finite non-negative"),
+    # An encoder writes +0, never -0 (its step decoded as -FLT_MAX through the float kernel).
+    ("qsgd norm -0", "qsgd", (F32([-0.0]), U8([0x02, 0]), 3), r"`norms\[0\]` = -0(\.0)? is not a"),
     ("qsgd negative count", "qsgd", (F32([]), U8([]), -1), r"`count` must be >= 0"),
     ("terngrad code 3", "terngrad", (F32(1), U8([0x0C]), 3), r"invalid code 3"),
     ("terngrad truncated", "terngrad", (F32(1), U8([0x06]), 5), r"`packed` has 1 bytes"),
@@ -403,6 +405,8 @@ CORRUPTED = [
     ("terngrad padding bits", "terngrad", (F32(1), U8([0x46]), 3), r"padding bits"),
     ("terngrad inf scale", "terngrad", (F32(np.inf), U8([6]), 3), r"`scale` = inf"),
     ("terngrad negative scale", "terngrad", (F32(-2), U8([6]), 3), r"not a finite non-negative"),
+    ("terngrad scale -0", "terngrad", (F32(-0.0), U8([6]), 3), r"`scale` = -0(\.0)? is not a"),
+    ("sign scale -0", "sign", (F32(-0.0), U8([6]), 3), r"`scale` = -0(\.0)? is not a"),
     ("sign truncated", "sign", (F32(1), U8([]), 3), r"`packed` has 0 bytes"),
     ("sign padding bits", "sign", (F32(1), U8([0x0E]), 3), r"padding bits"),
     ("sign nan scale", "sign", (F32(np.nan), U8([6]), 3), r"`scale` = nan"),

@@ -172,6 +172,7 @@ CORRUPTED_SUMS = [
     ("padding of row 1", (GOOD_NORMS, U8([[0x42, 0x05], [0x03, 0x42]]), 3), r"padding bits"),
     ("level of row 1", (GOOD_NORMS, U8([[0x42, 0x05], [0xC3, 0x02]]), 3), r"level above levels=5"),
     ("nan norm", (F32([[1], [np.nan]]), GOOD_PACKED, 3), r"not a finite non-negative"),
+    ("norm -0", (F32([[1], [-0.0]]), GOOD_PACKED, 3), r"not a finite non-negative"),
     ("negative count", (GOOD_NORMS, GOOD_PACKED, -1), r"`count` must be >= 0"),
 ]
 

@@ -180,7 +180,7 @@ def qsgd_decode(
         )
     with tf.control_dependencies(checks):
         flat_norms = tf.reshape(norms, [-1])
-        valid = tf.logical_and(tf.math.is_finite(flat_norms), flat_norms >= 0)
+        valid = _finite_non_negative(flat_norms)
 
         def norm_message():
             first = tf.reduce_min(tf.where(valid, num_norms, tf.range(num_norms)))
@@ -591,7 +591,7 @@ def _scale_checks(op: str, scale: tf.Tensor) -> list[tf.Operation]:
     with tf.control_dependencies(checks):
         value = tf.reshape(scale, [])
         checks += require(
-            tf.logical_and(tf.math.is_finite(value), value >= 0),
+            _finite_non_negative(value),
             lambda: [
                 f"{op}: corrupted payload: `scale` = ",
                 value,
@@ -599,6 +599,12 @@ def _scale_checks(op: str, scale: tf.Tensor) -> list[tf.Operation]:
             ],
         )
     return checks
+
+
+def _finite_non_negative(values: tf.Tensor) -> tf.Tensor:
+    """float32 ``values`` finite with the sign bit clear (-0 fails, as in the kernels' checks)."""
+    sign = tf.bitwise.bitwise_and(tf.bitcast(values, tf.int32), tf.constant(-(2**31), tf.int32))
+    return tf.logical_and(tf.math.is_finite(values), tf.equal(sign, 0))
 
 
 def _first_true_checks(op: str, bad: tf.Tensor, what: str) -> list[tf.Operation]:

@@ -206,7 +206,9 @@ absl::Status CheckPackedStream(const char* op, const Device& device,
 }
 
 // Checks `rows` x `per_row` payload norms (device memory, read on the host):
-// each finite and >= 0. The message names norms[b] (one row) or norms[p, b].
+// each finite and >= 0 with its sign bit clear (an encoder writes +0, never
+// -0, whose step would decode as -FLT_MAX after the float path's clamp). The
+// message names norms[b] (one row) or norms[p, b].
 template <typename Device>
 absl::Status CheckNorms(const char* op, const Device& device,
                         const float* norms, int64_t rows, int64_t per_row) {
@@ -214,7 +216,7 @@ absl::Status CheckNorms(const char* op, const Device& device,
   TF_RETURN_IF_ERROR(
       CopyToHost(device, norms, values.data(), values.size() * sizeof(float)));
   for (int64_t i = 0; i < rows * per_row; ++i) {
-    if (!(std::isfinite(values[i]) && values[i] >= 0)) {
+    if (!(std::isfinite(values[i]) && !std::signbit(values[i]))) {
       const std::string where =
           rows == 1 ? absl::StrCat(i)
                     : absl::StrCat(i / per_row, ", ", i % per_row);
@@ -234,7 +236,7 @@ absl::Status CheckScale(const char* op, const Tensor& scale) {
                            scale.shape().DebugString());
   }
   const float value = scale.scalar<float>()();
-  if (!(std::isfinite(value) && value >= 0)) {
+  if (!(std::isfinite(value) && !std::signbit(value))) {  // -0 too, as norms
     return InvalidArgument(op, ": corrupted payload: `scale` = ", value,
                            " is not a finite non-negative number");
   }
