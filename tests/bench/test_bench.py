@@ -69,6 +69,7 @@ def test_bench_ops_table(tmp_path):
         "fp16",
         "pack_signs",
         "deepreduce bloom",
+        "--threads",  # no thread column: tests/bench/test_bench_ops_threads.py has it
         "--out",
         str(tmp_path),
         "--plot",
@@ -96,6 +97,7 @@ def test_bench_ops_decode_and_sum_rows(tmp_path, kernel_library):
         "--sum-payloads",
         "2",
         "4",
+        "--threads",  # no thread column (test_bench_ops_threads.py)
         "--out",
         str(tmp_path),
     )
