@@ -269,3 +269,27 @@ def test_keras_private_names_still_exist():
         "_implements_predict_batch_hooks",
     ):
         assert hasattr(tf_keras.callbacks.Callback, hook)
+
+
+def test_rare_cond_stays_a_function_call_and_computes_what_tf_cond_computes():
+    state = tf.Variable(0.0)
+
+    def taken():
+        with tf.control_dependencies([state.assign_add(1.0)]):
+            return tf.constant(10.0) * 2.0
+
+    def not_taken():
+        return tf.constant(-1.0)
+
+    @tf.function
+    def step(pred):
+        return internal.rare_cond(pred, taken, not_taken)
+
+    graph = step.get_concrete_function(tf.TensorSpec([], tf.bool)).graph
+    ifs = [op for op in graph.get_operations() if op.type in ("If", "StatelessIf")]
+    assert len(ifs) == 1 and ifs[0].get_attr("_lower_using_switch_merge") is False
+    assert float(step(tf.constant(False))) == -1.0 and float(state) == 0.0
+    assert float(step(tf.constant(True))) == 20.0 and float(state) == 1.0
+    # Eagerly: tf.cond.
+    assert float(internal.rare_cond(tf.constant(True), taken, not_taken)) == 20.0
+    assert float(state) == 2.0

@@ -213,6 +213,9 @@ class CompressingCollectiveAllReduce(internal.CollectiveAllReduceHook):
                 flat_values[i] = v
         elif compress_idx and not all(chosen[i].nonfinite_passthrough for i in compress_idx):
             flag = nonfinite.local_flag(flat_values)
+            sanitized = nonfinite.sanitize([flat_values[i] for i in compress_idx], flag)
+            for i, v in zip(compress_idx, sanitized, strict=True):
+                flat_values[i] = v
 
         exact_values = [flat_values[i] for i in exact_idx]
         if flag is not None:
@@ -399,9 +402,9 @@ class CompressingCollectiveAllReduce(internal.CollectiveAllReduceHook):
 class _Reduction:
     """The bookkeeping of one compressed sum, around the code that computes it.
 
-    On entry, the values are sanitised when a replica saw a non-finite value
-    (``flagged``); :meth:`protect` snapshots the compressors' state before
-    the sum touches it. The body records the sums (:meth:`finish`) and the
+    The values arrive sanitised (zeros on a replica that saw a non-finite
+    value); with ``flagged`` (a replica saw one), :meth:`protect` snapshots
+    the compressors' state before the sum touches it. The body records the sums (:meth:`finish`) and the
     compressors that own state (:meth:`track`). On exit, the sums are kept or
     the state rolled back (:func:`~tfcompress.distribute.nonfinite.commit_or_roll_back`),
     the state is handed to the checkpoint, and the traffic is counted::
@@ -432,8 +435,9 @@ class _Reduction:
             ),
             tf.constant(0, tf.int64),
         )
-        #: The values to sum (NaN and Inf replaced when ``flagged``).
-        self.values = list(values) if flagged is None else [nonfinite.sanitize(v) for v in values]
+        #: The values to sum (zeros on a replica that saw NaN or Inf: the
+        #: caller ran :func:`~tfcompress.distribute.nonfinite.sanitize`).
+        self.values = list(values)
         #: The sums, once :meth:`finish` ran (after the block: committed or NaN).
         self.sums: list | None = None
         self._variables: list[tf.Variable] = []

@@ -12,8 +12,9 @@ NaN poisons every later step). So, with ``CompressionPolicy(nonfinite=
 2. add the flag to the exact all-reduce that TensorFlow runs anyway for the
    uncompressed tensors (one scalar more; a collective of its own only when
    there are none), so every worker knows whether *any* worker saw one;
-3. compress zeros in place of a non-finite tensor (:func:`sanitize`), so no
-   kernel raises and no worker skips a collective the others run;
+3. compress zeros in place of the compressed tensors of a worker that saw
+   one (:func:`sanitize`; the step's sums are NaN anyway), so no kernel
+   raises and no worker skips a collective the others run;
 4. snapshot every state variable of the aggregation's compressors and
    schedule before compressing (:func:`snapshot`; TensorFlow copies a
    variable's buffer on the next in-place update only when a snapshot holds
@@ -36,6 +37,7 @@ from collections.abc import Sequence
 
 import tensorflow as tf
 
+from tfcompress import _internal as internal
 from tfcompress.ops.checks import check_finite
 
 __all__ = ["commit_or_roll_back", "local_flag", "raise_if_non_finite", "sanitize", "snapshot"]
@@ -63,15 +65,39 @@ def local_flag(values: Sequence) -> tf.Tensor:
     return 1.0 - tf.cast(tf.reduce_all(tf.stack(checks)), tf.float32)
 
 
-def sanitize(value):
-    """``value`` when finite, else zeros of its shape (``IndexedSlices``: zero values)."""
-    tensor = _values_of(value)
-    if tensor is None:
-        return value
-    safe = tf.cond(_all_finite(tensor), lambda: tensor, lambda: tf.zeros_like(tensor))
-    if isinstance(value, tf.IndexedSlices):
-        return tf.IndexedSlices(safe, value.indices, value.dense_shape)
-    return safe
+def sanitize(values: Sequence, local: tf.Tensor) -> list:
+    """``values``, or zeros of their shapes when this worker saw a non-finite value.
+
+    Args:
+      values: the tensors (or ``IndexedSlices``) about to be compressed.
+      local: this worker's :func:`local_flag` (it already checked every
+        value, so nothing is read again).
+
+    Returns:
+      ``values`` as they are when ``local`` is 0, else zeros in their place
+      (``IndexedSlices``: zero values, same indices). One ``tf.cond`` for the
+      whole list: a step with a non-finite value ends with NaN sums and its
+      state rolled back (:func:`commit_or_roll_back`), so what it compresses
+      only has to be finite.
+    """
+    floats = [i for i, v in enumerate(values) if _values_of(v) is not None]
+    if not floats:
+        return list(values)
+    tensors = [_values_of(values[i]) for i in floats]
+    safe = tf.cond(
+        local > 0,
+        lambda: [tf.zeros_like(t) for t in tensors],
+        lambda: [tf.identity(t) for t in tensors],
+    )
+    out = list(values)
+    for i, tensor in zip(floats, safe, strict=True):
+        value = values[i]
+        tensor.set_shape(_values_of(value).shape)
+        if isinstance(value, tf.IndexedSlices):
+            out[i] = tf.IndexedSlices(tensor, value.indices, value.dense_shape)
+        else:
+            out[i] = tensor
+    return out
 
 
 def raise_if_non_finite(values: Sequence, keys: Sequence[str]) -> list:
@@ -96,8 +122,12 @@ def raise_if_non_finite(values: Sequence, keys: Sequence[str]) -> list:
 
 
 def snapshot(variables: Sequence[tf.Variable]) -> list[tf.Tensor]:
-    """The values of ``variables`` now, before the aggregation updates them."""
-    return [v.read_value() for v in variables]
+    """The values of ``variables`` now, before the aggregation updates them.
+
+    One read each (``value()``: no identity op after it; the graph of a
+    compressor with many state variables stays small).
+    """
+    return [v.value() for v in variables]
 
 
 def commit_or_roll_back(
@@ -123,18 +153,27 @@ def commit_or_roll_back(
     bad = tf.logical_or(flagged, tf.logical_not(tf.reduce_all(tf.stack(finite))))
 
     def roll_back():
-        with tf.control_dependencies([v.assign(b) for v, b in zip(variables, before, strict=True)]):
+        with tf.control_dependencies(
+            [v.assign(b, read_value=False) for v, b in zip(variables, before, strict=True)]
+        ):
             return tf.constant(True)
 
-    restored = tf.cond(bad, roll_back, lambda: tf.constant(False)) if variables else bad
-    results = []
+    # Rare and large (an assignment per state variable): compiled when first taken.
+    restored = internal.rare_cond(bad, roll_back, lambda: tf.constant(False)) if variables else bad
+    tensors = [_values_of(d) for d in decoded]
+    # One cond for every sum (a cond each made the graph, and its optimisation
+    # at the first step, grow with the number of tensors).
     with tf.control_dependencies([restored]):
-        for d in decoded:
-            tensor = _values_of(d)
-            nan = tf.constant(float("nan"), tensor.dtype)
-            out = tf.cond(bad, lambda t=tensor, n=nan: tf.fill(tf.shape(t), n), lambda t=tensor: t)
-            if isinstance(d, tf.IndexedSlices):
-                results.append(tf.IndexedSlices(out, d.indices, d.dense_shape))
-            else:
-                results.append(out)
+        outs = tf.cond(
+            bad,
+            lambda: [tf.fill(tf.shape(t), tf.constant(float("nan"), t.dtype)) for t in tensors],
+            lambda: [tf.identity(t) for t in tensors],
+        )
+    results = []
+    for d, tensor, out in zip(decoded, tensors, outs, strict=True):
+        out.set_shape(tensor.shape)
+        if isinstance(d, tf.IndexedSlices):
+            results.append(tf.IndexedSlices(out, d.indices, d.dense_shape))
+        else:
+            results.append(out)
     return results

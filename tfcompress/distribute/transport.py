@@ -109,10 +109,9 @@ class PayloadTransport:
 
         gathered: list[list[Payload]] = [[] for _ in payloads]
         for worker in range(self.group_size):
-            offsets = tf.concat([[0], tf.cumsum(all_lengths[worker])], axis=0)
+            raws = _split_bytes(all_blobs[worker], all_lengths[worker])
             worker_tensors: list[dict] = [dict() for _ in payloads]
-            for j, ((k, name), local) in enumerate(zip(parts, tensors, strict=True)):
-                raw = all_blobs[worker, offsets[j] : offsets[j + 1]]
+            for (k, name), local, raw in zip(parts, tensors, raws, strict=True):
                 worker_tensors[k][name] = _from_bytes(raw, local)
             for k, p in enumerate(payloads):
                 gathered[k].append(p.replace(worker_tensors[k]))
@@ -149,11 +148,10 @@ class PayloadTransport:
         blobs = tf.reshape(tf.bitcast(arrived, tf.uint8), [n, -1])
         received: list[list[Payload]] = [[] for _ in payloads]
         for worker in range(n):
-            offsets = tf.concat([[0], tf.cumsum(all_lengths[worker, me])], axis=0)
+            raws = _split_bytes(blobs[worker], all_lengths[worker, me])
             tensors: list[dict] = [dict() for _ in payloads]
-            for j, (k, name) in enumerate(parts):
-                local = payloads[k][me].tensors[name]
-                tensors[k][name] = _from_bytes(blobs[worker, offsets[j] : offsets[j + 1]], local)
+            for (k, name), raw in zip(parts, raws, strict=True):
+                tensors[k][name] = _from_bytes(raw, payloads[k][me].tensors[name])
             for k, ps in enumerate(payloads):
                 received[k].append(ps[me].replace(tensors[k]))
         return received, sent_lengths, nbytes(words)
@@ -202,6 +200,16 @@ def _to_bytes(t: tf.Tensor) -> tf.Tensor:
     if flat.dtype.size == 1:
         return tf.bitcast(flat, tf.uint8)
     return tf.reshape(tf.bitcast(flat, tf.uint8), [-1])
+
+
+def _split_bytes(row: tf.Tensor, lengths: tf.Tensor) -> list[tf.Tensor]:
+    """The parts of a padded byte ``row``, ``lengths[j]`` bytes each, in order.
+
+    One slice and one split for the whole row (a slice per part made the
+    graph grow with the number of payload tensors).
+    """
+    count = lengths.shape[0]
+    return tf.split(row[: tf.reduce_sum(lengths)], lengths, num=count)
 
 
 def _from_bytes(raw: tf.Tensor, like: tf.Tensor) -> tf.Tensor:
