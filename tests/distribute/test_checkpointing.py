@@ -145,7 +145,7 @@ def test_state_travels_in_one_gather_per_dtype_with_the_same_contents(monkeypatc
     """A GradiVeQ worker keeps dozens of state variables: one collective per dtype, not per
     variable (an epoch-end backup of 46 took 40-80 s at 4 workers), and the same blob."""
     compressor = tfcompress.compressors.GradiVeQ(
-        warmup_steps=1, sampling_steps=3, compressed_steps=2, sampling="exact"
+        warmup_steps=1, sampling_steps=3, compressed_steps=2, sampling="exact", kernels_only=False
     )
     strategy = make(compressor)
     run = stepper(strategy)

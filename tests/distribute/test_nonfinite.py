@@ -31,8 +31,14 @@ COMPRESSORS = {
     "diana(pquant)": lambda: C.DIANA(C.PQuant(seed=1)),
     "qsgd": lambda: C.QSGD(bits=4, seed=1),
     "randomk": lambda: C.RandomK(ratio=0.25, seed=1),
+    # kernels_only=False: the (300,) vector goes through GradiVeQ too.
     "gradiveq": lambda: C.GradiVeQ(
-        warmup_steps=1, sampling_steps=3, compressed_steps=2, sampling="exact", seed=1
+        warmup_steps=1,
+        sampling_steps=3,
+        compressed_steps=2,
+        sampling="exact",
+        seed=1,
+        kernels_only=False,
     ),
     "powersgd": lambda: C.PowerSGD(rank=2, start_step=1),
     "error_feedback(deepreduce)": lambda: C.ErrorFeedback(

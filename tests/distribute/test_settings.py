@@ -85,6 +85,7 @@ CHANGES = [
     ("gradiveq", {}, "components", 4, "compressor.components"),
     ("gradiveq", {}, "energy_loss", 0.05, "compressor.energy_loss"),
     ("gradiveq", {}, "energy", 0.9, "compressor.energy_loss"),
+    ("gradiveq", {}, "kernels_only", False, "compressor.kernels_only"),
     ("gradiveq", {}, "warmup_steps", 5, "compressor.warmup_steps"),
     ("gradiveq", {}, "sampling_steps", 10, "compressor.sampling_steps"),
     ("gradiveq", {}, "sample_steps", 10, "compressor.sampling_steps"),

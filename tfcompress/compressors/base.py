@@ -234,7 +234,8 @@ class Compressor:
 
     Subclasses implement :meth:`compress` and :meth:`decompress` and set
     :attr:`summable`. They declare the floating dtypes they accept in
-    :attr:`supported_dtypes`; other tensors are never handed to them.
+    :attr:`supported_dtypes`, and may decline shapes in :meth:`accepts`;
+    other tensors are never handed to them by the strategies.
     """
 
     #: True when the sum of payloads is the payload of the sum (all-reduce path).
@@ -376,6 +377,15 @@ class Compressor:
         name over the bound tensors. Empty for stateless compressors.
         """
         return {}
+
+    def accepts(self, shape: tf.TensorShape) -> bool:
+        """Whether the strategies hand this compressor a tensor of ``shape``.
+
+        ``CompressionPolicy`` sends a tensor this compressor declines through
+        the exact all-reduce. Every shape by default.
+        """
+        del shape
+        return True
 
     def omega(self, num_elements: int) -> float | None:
         """Variance factor: E||C(x) - x||^2 <= omega ||x||^2 (``None`` if biased)."""

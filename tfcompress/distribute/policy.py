@@ -22,7 +22,8 @@ class CompressionPolicy:
 
     A tensor is compressed when it is a dense floating tensor with a statically
     known number of elements of at least ``min_size`` and the compressor accepts
-    its dtype, and, with ``min_compression_rate``, when compressing it pays.
+    its dtype and shape (``Compressor.accepts``: GradiVeQ takes kernels only),
+    and, with ``min_compression_rate``, when compressing it pays.
     Everything else (losses, metrics, counters, integer tensors,
     biases and other small tensors) is reduced exactly as TensorFlow does, by
     TensorFlow's own code path. ``IndexedSlices`` (embedding gradients) are
@@ -125,6 +126,8 @@ class CompressionPolicy:
         if compressor is None or not isinstance(value, tf.Tensor | tf.Variable):
             return False
         if value.dtype not in _FLOAT_DTYPES or value.dtype not in compressor.supported_dtypes:
+            return False
+        if not compressor.accepts(value.shape):
             return False
         size = value.shape.num_elements()
         if size is None or size < self.min_size:
