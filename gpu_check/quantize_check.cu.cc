@@ -423,7 +423,7 @@ void CheckQsgdDecodeSum(Harness& harness, int64_t n) {
   using Sum = tfc::PayloadSum<T>;
   std::vector<T> expected(n);
   for (int64_t i = 0; i < n; ++i) {
-    typename Sum::Accumulator sum = Sum::Start(decoded[0][i]);
+    typename Sum::Accumulator sum = Sum::Start(decoded[0][i], kPayloads);
     for (int p = 1; p < kPayloads; ++p) sum = Sum::Add(sum, decoded[p][i]);
     expected[i] = Sum::Finish(sum);
   }

@@ -5,8 +5,9 @@
   ``tf.random.stateless_uniform([n], seed)`` (the references compute exactly
   that), for every dtype, length (0, 1, odd, past a 256-code chunk) and seed.
 * ``qsgd_decode_sum`` must equal the single decodes added row by row in
-  float32 (float64) and rounded once, bit for bit, for 1 to 8 payloads and
-  every dtype; for float32 and up to 8 payloads that is also what
+  float32 (float64), from +0 for two or more rows (+0 + -0 is +0, as
+  ``tf.reduce_sum`` gives), and rounded once, bit for bit, for 1 to 8
+  payloads and every dtype; for float32 and up to 8 payloads that is also what
   ``tf.reduce_sum`` over a stacked axis (the default ``Compressor.aggregate``)
   gives; and it must reject a corrupted row as ``qsgd_decode`` rejects a
   corrupted payload.
@@ -87,12 +88,20 @@ def _payloads(rng, count: int, n: int, dtype, levels: int, bucket_size: int, nor
 
 
 def _summed_single_decodes(norms, packed, n, levels, bucket_size, dtype):
-    """The documented order: row by row in float32 (float64), rounded to dtype once."""
+    """The documented order: row by row in float32 (float64) from +0, rounded once.
+
+    One row is its decode itself.
+    """
     wide = tf.float64 if dtype == tf.float64 else tf.float32
-    total = None
-    for p in range(norms.shape[0]):
-        decoded = tf.cast(q.qsgd_decode(norms[p], packed[p], n, levels, bucket_size, dtype), wide)
-        total = decoded if total is None else total + decoded
+    decoded = [
+        tf.cast(q.qsgd_decode(norms[p], packed[p], n, levels, bucket_size, dtype), wide)
+        for p in range(norms.shape[0])
+    ]
+    if len(decoded) == 1:
+        return tf.cast(decoded[0], dtype)
+    total = tf.zeros_like(decoded[0])
+    for row in decoded:
+        total = total + row
     return tf.cast(total, dtype)
 
 
@@ -156,6 +165,41 @@ def test_decode_sum_of_half_overflows_to_inf(impl):
     packed = np.stack([ops.pack_bits(np.int32([2, 2]), 2).numpy()] * 2)  # level 1, positive
     total = q.qsgd_decode_sum(norms, packed, 2, levels=1, bucket_size=2, dtype=tf.float16)
     assert np.all(np.isinf(total.numpy())) and np.all(total.numpy() > 0)
+
+
+def _signed_zero_rows(payloads: int):
+    """Rows of levels=5 codes (step 1) for 4 elements; code 1 (level 0, sign set) is -0.
+
+    Element 0 is -0 in every row, element 1 in row 0 only (+0 in the others),
+    element 2 is -1 in every row, element 3 is +1 in row 0 and -1 in the
+    others. No encoder writes code 1; a payload may carry it.
+    """
+    rows = [[1, 1, 3, 2]] + [[1, 0, 3, 3]] * (payloads - 1)
+    packed = np.stack([ops.pack_bits(np.int32(r), 4).numpy() for r in rows])
+    return np.full((payloads, 1), 5.0, np.float32), packed
+
+
+@pytest.mark.parametrize("mode", ["eager", "function"])
+@pytest.mark.parametrize("payloads", [1, 2, 3])
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
+def test_decode_sum_starts_from_plus_zero_as_reduce_sum(kernel_library, mode, payloads, dtype):
+    # Two or more rows: +0 + -0 + -0 is +0, as tf.reduce_sum over the stacked
+    # decodes gives; one row: its decode, -0 kept (a reduction over an axis of 1).
+    norms, packed = _signed_zero_rows(payloads)
+    decoded = [q.qsgd_decode(norms[p], packed[p], 4, 5, 4, dtype) for p in range(payloads)]
+    stacked_sum = tf.reduce_sum(tf.stack(decoded), axis=0) if payloads > 1 else decoded[0]
+    with ops.implementation("kernel"):
+        fused = run_op(mode, lambda a, b: q.qsgd_decode_sum(a, b, 4, 5, 4, dtype), norms, packed)
+    with ops.implementation("reference"):
+        reference = run_op(
+            mode, lambda a, b: q.qsgd_decode_sum(a, b, 4, 5, 4, dtype), norms, packed
+        )
+    assert_same(fused, reference)
+    assert_same(fused, stacked_sum)
+    values = tf.cast(fused, tf.float64).numpy()
+    assert np.signbit(values[0]) == (payloads == 1)
+    assert not np.signbit(values[1]) or payloads == 1
+    np.testing.assert_array_equal(values[2:], [-payloads, 2 - payloads])
 
 
 F32, U8 = np.float32, np.uint8

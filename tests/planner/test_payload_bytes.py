@@ -158,7 +158,7 @@ def test_gradiveq_counts_its_compressed_steps():
 
 
 @pytest.mark.parametrize(
-    "compressor", [Threshold(0.1), DeepReduce()], ids=["threshold", "deepreduce-bloom"]
+    "compressor", [Threshold(0.1), DeepReduce()], ids=["threshold", "deepreduce-auto"]
 )
 def test_data_dependent_sizes_are_refused(compressor):
     with pytest.raises(ValueError, match=r"compressed_nbytes is None"):

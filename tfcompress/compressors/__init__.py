@@ -4,8 +4,9 @@ Layout (every module imports downward only): ``state`` (worker-local
 variables, :class:`StepCounter`, :class:`SeededNoise`) <- ``base`` (the
 :class:`Compressor` contract and its ``bind`` protocol) <- ``registry``
 (names -> classes) and ``sparsifier`` (the :class:`Sparsifier` interface) <-
-one module per algorithm, each registering its classes <- this package, which
-only re-exports.
+one module per algorithm, each registering its classes (DeepReduce's
+per-tensor index codec choice in ``deepreduce_index``, below ``deepreduce``)
+<- this package, which only re-exports.
 """
 
 from tfcompress.compressors.base import (

@@ -19,28 +19,23 @@ tensor of ``g``'s shape; :meth:`DeepReduce.aggregate` decodes every worker's
 ``P`` and ``v`` and adds them into one dense tensor in a single pass. The
 sparsifier is used only through the interface of
 :mod:`tfcompress.compressors.sparsifier` (``select`` and ``value_scale``), so
-any :class:`Sparsifier` fits.
+any :class:`Sparsifier` fits; the index codec of each tensor (one configured,
+or with ``index_codec="auto"`` the smallest expected encoding) comes from
+:mod:`tfcompress.compressors.deepreduce_index`.
 """
 
 from __future__ import annotations
 
-import math
 import numbers
 from collections.abc import Mapping, Sequence
 
 import tensorflow as tf
 
 from tfcompress.codecs import container
-from tfcompress.codecs.index import (
-    INDEX_CODECS,
-    Bitmap,
-    BloomFilter,
-    DeltaVarint,
-    IndexCodec,
-    get_index_codec,
-)
+from tfcompress.codecs.index import IndexCodec
 from tfcompress.codecs.values import VALUE_CODECS_BY_ID, ValueCodec, get_value_codec
 from tfcompress.compressors.base import Compressor, Payload, num_elements, static_num_elements
+from tfcompress.compressors.deepreduce_index import IndexCodecChoice, expected_index_nbytes
 from tfcompress.compressors.registry import get, register
 from tfcompress.compressors.sparsifier import (
     DEFAULT_RATIO,
@@ -63,32 +58,6 @@ __all__ = ["DEFAULT_WARMUP_STEPS", "DeepReduce"]
 
 DEFAULT_WARMUP_STEPS = 100
 """Steps of the density warm-up of ``DeepReduce()``'s default sparsifier (see DeepReduce)."""
-
-
-def _make_index_codec(codec, options: dict):
-    if isinstance(codec, str):
-        return get_index_codec(codec, **options)
-    if options:
-        raise ValueError(
-            f"DeepReduce: index codec options {sorted(options)} need an index codec name, "
-            f"not an instance ({codec!r})"
-        )
-    if isinstance(codec, IndexCodec):
-        return codec
-    for attribute in ("encode", "decode", "codec_id", "name"):
-        if not hasattr(codec, attribute):
-            raise ValueError(
-                f"DeepReduce(index_codec={codec!r}): not an index codec; give a name "
-                "('raw', 'bitmap', 'runlength', 'varint', 'bloom') or an IndexCodec"
-            )
-    return codec
-
-
-def _known_index_codec_ids(codecs) -> dict[int, str]:
-    known = {int(cls.codec_id): name for name, cls in INDEX_CODECS.items()}
-    for codec in codecs:
-        known[int(codec.codec_id)] = codec.name
-    return known
 
 
 @register
@@ -229,11 +198,8 @@ class DeepReduce(Compressor):
 
     ``index_codec="auto"`` chooses per tensor, from its size ``d`` and the
     sparsifier's count ``r``, the codec with the fewest expected bytes
-    (:meth:`index_codec_for`): the bitmap above a density of about 1/8,
-    varint below; Bloom under ``"p0"`` pays for the values at its false
-    positives and, at the default ``eps``, loses to varint at every density
-    (at ``d = 10^5``, top-1%: 2,164 bytes against 1,284), while a lossy
-    policy with ``fpr=0.01`` wins below about 1% (1,217 against 1,283).
+    (:meth:`index_codec_for`; the rule and its numbers are in
+    :mod:`tfcompress.compressors.deepreduce_index`).
 
     Tuning: the index part dominates once values are quantized. Bloom at
     ``eps = 1e-3`` halves the index bytes against int32; ``"p0"`` keeps the
@@ -290,33 +256,18 @@ class DeepReduce(Compressor):
             )
         if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
             raise ValueError(f"DeepReduce(seed={seed!r}): `seed` must be an integer")
-        index_options = dict(index_options or {})
-        if fpr is not None or policy is not None:
-            if not (isinstance(index_codec, str) and index_codec.lower() in ("bloom", "auto")):
-                raise ValueError(
-                    f"DeepReduce(fpr={fpr!r}, policy={policy!r}): `fpr` and `policy` are "
-                    f"options of the Bloom index codec, not of {index_codec!r}"
-                )
-            if fpr is not None:
-                index_options["false_positive_rate"] = fpr
-            if policy is not None:
-                index_options["policy"] = policy
+        self._index_choice = IndexCodecChoice.from_arguments(
+            index_codec, index_options, fpr, policy
+        )
         self.sparsifier = sparsifier
         self.fusable = getattr(sparsifier, "fusable", False)
         #: True for ``index_codec="auto"``: the codec is chosen per tensor.
-        self.auto_index_codec = isinstance(index_codec, str) and index_codec.lower() == "auto"
-        if self.auto_index_codec:
-            self.index_candidates: tuple[IndexCodec, ...] = (
-                Bitmap(),
-                DeltaVarint(),
-                get_index_codec("bloom", **index_options),
-            )
-            # Where the count is not known from the size (Threshold, IndexedSlices):
-            # lossless, and its size follows the count.
-            self.index_codec = self.index_candidates[1]
-        else:
-            self.index_codec = _make_index_codec(index_codec, index_options)
-            self.index_candidates = (self.index_codec,)
+        self.auto_index_codec = self._index_choice.auto
+        #: The codecs a tensor may be encoded with (bitmap, varint, Bloom for "auto").
+        self.index_candidates: tuple[IndexCodec, ...] = self._index_choice.candidates
+        #: The configured codec; for "auto" varint, the codec where the count is not
+        #: known from the size (Threshold, IndexedSlices).
+        self.index_codec = self._index_choice.codec
         self.value_codec = get_value_codec(value_codec, **dict(value_options or {}))
         self.seed = int(seed)
         self._config = {
@@ -324,10 +275,10 @@ class DeepReduce(Compressor):
             "index_codec": index_codec,
             "value_codec": value_codec,
             "seed": self.seed,
-            "index_options": dict(index_options) or None,
+            "index_options": dict(self._index_choice.options) or None,
             "value_options": dict(value_options or {}) or None,
         }
-        self._known_index_ids = _known_index_codec_ids(self.index_candidates)
+        self._known_index_ids = self._index_choice.known_codec_ids()
         self._known_value_ids = {i: cls.name for i, cls in VALUE_CODECS_BY_ID.items()}
         self._known_value_ids[int(self.value_codec.codec_id)] = self.value_codec.name
         self._steps: StepCounter | None = None
@@ -458,33 +409,19 @@ class DeepReduce(Compressor):
         count = self.sparsifier.static_count(int(num_elements))
         if count is None:
             return self.index_codec
-        return min(
-            self.index_candidates,
-            key=lambda codec: self.expected_index_nbytes(codec, count, int(num_elements), dtype),
-        )
+        return self._index_choice.smallest(count, int(num_elements), dtype, self.value_codec)
 
     def expected_index_nbytes(
         self, codec: IndexCodec, count: int, num_elements: int, dtype: tf.DType
     ) -> float:
         """Expected bytes of ``r = count`` indices of ``d = num_elements`` under ``codec``.
 
-        ``codec.expected_nbytes(r, d)`` (``ceil(d / 8)`` for the bitmap;
-        ``len(r) + r (1 + sum_j (1 - r/d)^(128^j))`` for varint over uniform
-        positions; ``18 + ceil(m / 8)`` for a Bloom filter of ``m`` bits),
-        plus, for Bloom ``"p0"``, the values at its expected false positives,
-        ``(d - r) (1 - e^{-kr/m})^k``, at the value codec's bytes per value
-        (the dtype's size when the codec does not fix it). Lossy policies add
-        no bytes (they drop true indices instead). ``inf`` when the codec has
-        no estimate.
+        :func:`~tfcompress.compressors.deepreduce_index.expected_index_nbytes`
+        with this compressor's value codec: the codec's own estimate, plus,
+        for Bloom ``"p0"``, the values at its expected false positives
+        ``(d - r) (1 - e^{-kr/m})^k``; ``inf`` when the codec has no estimate.
         """
-        expected = codec.expected_nbytes(count, num_elements)
-        if expected is None:
-            return math.inf
-        if isinstance(codec, BloomFilter) and codec.policy == "p0":
-            per_value = self.value_codec.encoded_nbytes(max(count, 1), tf.as_dtype(dtype))
-            per_value = tf.as_dtype(dtype).size if per_value is None else per_value / max(count, 1)
-            expected += per_value * codec.expected_false_positives(count, num_elements)
-        return float(expected)
+        return expected_index_nbytes(codec, count, num_elements, dtype, self.value_codec)
 
     def sent_positions(self, payload: Payload) -> tf.Tensor:
         """The positions a payload of this worker's :meth:`compress` carries values for.

@@ -246,10 +246,12 @@ def qsgd_decode_sum(
 ) -> tf.Tensor:
     """The sum of ``N`` QSGD payloads, decoded and added in one pass.
 
-    ``sum[i] = ((d_0[i] + d_1[i]) + d_2[i]) + ...`` where ``d_p`` is
+    ``sum[i] = ((+0 + d_0[i]) + d_1[i]) + ...`` where ``d_p`` is
     :func:`qsgd_decode` of row ``p``: added in row order in float32 (float64
-    for float64) and rounded to ``dtype`` once, without a decoded tensor per
-    payload. For float32 and float64 and up to 8 rows this is bit for bit
+    for float64) from +0 and rounded to ``dtype`` once, without a decoded
+    tensor per payload; one row gives ``d_0`` itself (a -0 stays -0, as in a
+    reduction over an axis of length 1). For float32 and float64 and up to 8
+    rows this is bit for bit
     ``tf.reduce_sum(tf.stack([d_0, ..., d_{N-1}]), 0)`` (the sum the default
     :meth:`tfcompress.compressors.Compressor.aggregate` computes); beyond 8
     rows, and for half, TensorFlow's own order depends on the shape, while

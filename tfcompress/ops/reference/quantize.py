@@ -105,8 +105,9 @@ def qsgd_decode_sum(
 ) -> tf.Tensor:
     """``TFCompress>QsgdDecodeSum``: the single decodes of the rows, added in row order.
 
-    The sum runs in ``T``'s compute type (float32, float64 for float64) from
-    row 0 on, and is rounded to ``T`` once.
+    ``((+0 + d_0) + d_1) + ...`` in ``T``'s compute type (float32, float64 for
+    float64), rounded to ``T`` once, as ``tf.reduce_sum`` over a stacked axis
+    adds two or more rows (+0 + -0 is +0); one row gives ``d_0`` itself.
     """
     op = "QsgdDecodeSum"
     for what, value in (("norms", norms), ("packed", packed)):
@@ -132,11 +133,17 @@ def qsgd_decode_sum(
         return tf.cast(values, ctype)
 
     with tf.control_dependencies(checks):
-        # Row 0 starts the sum (adding it to a zero would turn a -0 into +0).
-        total = tf.foldl(
-            lambda total, row: total + decoded(row[0], row[1]),
-            (norms[1:], packed[1:]),
-            initializer=decoded(norms[0], packed[0]),
+        # Two or more rows: every row added to +0 in a loop, the kernel's fold
+        # (its zero is a loop value, which no graph rewrite of x + 0 reaches).
+        first = decoded(norms[0], packed[0])
+        total = tf.cond(
+            tf.equal(num, 1),
+            lambda: first,
+            lambda: tf.foldl(
+                lambda total, row: total + decoded(row[0], row[1]),
+                (norms, packed),
+                initializer=tf.zeros_like(first),
+            ),
         )
     values = tf.cast(total, T)
     static_count = tf.get_static_value(count)

@@ -20,7 +20,8 @@
 //    that adds the same pairs gets the same float64 bits. (RowLayout cuts a
 //    row into complete subtrees of at most kSumBlock leaves.)
 //  * The per-element arithmetic runs in float32 for half, bfloat16 and
-//    float input and in float64 for double input (ComputeType below), with
+//    float input and in float64 for double input (ComputeType, in
+//    common/cc/payload_sum.h), with
 //    one rounding per operation, in this order (the functions below, shared
 //    by both devices):
 //      QSGD:     step = norm / s;  level = min(floor(|x| / step + u), s)
@@ -56,6 +57,7 @@
 #include "common/cc/bit_stream.h"
 #include "common/cc/device.h"
 #include "common/cc/float16_types.h"
+#include "common/cc/payload_sum.h"
 #include "common/cc/philox.h"
 
 namespace tensorflow {
@@ -97,16 +99,6 @@ TFC_HOST_DEVICE inline int64_t PackedCodeBytes(int64_t count, int bits) {
   return PackedByteCount(count, bits);
 }
 
-// Float type of the per-element arithmetic for input type T.
-template <typename T>
-struct ComputeType {
-  using type = float;
-};
-template <>
-struct ComputeType<double> {
-  using type = double;
-};
-
 enum class QsgdNorm : int32_t { kL2, kMax };
 
 struct QsgdOptions {
@@ -146,17 +138,6 @@ TFC_HOST_DEVICE inline double MulRounded(double a, double b) {
 #else
   return a * b;
 #endif
-}
-
-template <typename T>
-TFC_HOST_DEVICE inline typename ComputeType<T>::type ToCompute(T value) {
-  if constexpr (std::is_same_v<T, Half>) {
-    return HalfToFloat(value);
-  } else if constexpr (std::is_same_v<T, BFloat16>) {
-    return BFloat16ToFloat(value);
-  } else {
-    return static_cast<typename ComputeType<T>::type>(value);
-  }
 }
 
 // The value as float64 (exact): the leaves of the reductions.
@@ -303,33 +284,6 @@ TFC_HOST_DEVICE inline UniformNoise SeededNoise(int64_t seed0, int64_t seed1) {
   return noise;
 }
 
-// How the decoders' sums over payloads add values of T: in T's compute type
-// (float32 for half, bfloat16 and float; float64 for double), in payload
-// order, rounded to T once at the end (to +-inf past T's range, as a
-// TensorFlow cast does). For float and double that is T's own sequential
-// sum, which is also what tf.reduce_sum over a stacked axis of up to 8
-// payloads computes (measured on TensorFlow 2.21; from 9 payloads on, and
-// for half, TensorFlow's order depends on the shape).
-template <typename T>
-struct PayloadSum {
-  using Accumulator = typename ComputeType<T>::type;
-  TFC_HOST_DEVICE static Accumulator Start(T value) {
-    return ToCompute(value);
-  }
-  TFC_HOST_DEVICE static Accumulator Add(Accumulator sum, T value) {
-    return sum + ToCompute(value);
-  }
-  TFC_HOST_DEVICE static T Finish(Accumulator sum) {
-    if constexpr (std::is_same_v<T, Half>) {
-      return FloatToHalf(sum);
-    } else if constexpr (std::is_same_v<T, BFloat16>) {
-      return FloatToBFloat16(sum);
-    } else {
-      return sum;
-    }
-  }
-};
-
 // `count` leaves cut into rows of `row_length` (the last may be shorter),
 // each row padded to `padded` leaves (a power of two) and cut into blocks of
 // `block` = min(padded, kSumBlock) leaves, each a complete subtree of the
@@ -396,10 +350,11 @@ struct QsgdDecode;
 // each, in one pass: payload p has norms[p * B, (p + 1) * B) with
 // B = ceil(n / bucket_size) and packed[p * P, (p + 1) * P) with
 // P = PackedCodeBytes(n, bits), all validated as for QsgdDecode.
-// out[i] = ((d_0[i] + d_1[i]) + d_2[i]) + ..., each d_p[i] the QsgdDecode
-// value of payload p (in T), added in payload order in T's compute type and
-// rounded to T once (PayloadSum above). Errors: kInvalidCode, index
-// p * n + i of the first invalid code.
+// out[i] = Finish(((+0 + d_0[i]) + d_1[i]) + ...), each d_p[i] the
+// QsgdDecode value of payload p (in T), added in payload order in T's
+// compute type from +0 and rounded to T once; d_0[i] itself for one payload
+// (PayloadSum, common/cc/payload_sum.h: tf.reduce_sum's fold). Errors:
+// kInvalidCode, index p * n + i of the first invalid code.
 template <typename Device, typename T>
 struct QsgdDecodeSum;
 

@@ -665,7 +665,7 @@ void QsgdDecodeSum<CpuDevice, T>::operator()(
               if constexpr (std::is_same_v<T, float>) {
                 if (simd >= SimdLevel::kAvx2) {
                   largest = QsgdDecodeAddAvx2(c, count, payload_steps[bucket],
-                                              p == 0, s);
+                                              p == 0, num_payloads == 1, s);
                   added = true;
                 }
               }
@@ -676,7 +676,7 @@ void QsgdDecodeSum<CpuDevice, T>::operator()(
                                            simd, values);
                 if (p == 0) {
                   for (int64_t k = 0; k < count; ++k) {
-                    s[k] = Sum::Start(values[k]);
+                    s[k] = Sum::Start(values[k], num_payloads);
                   }
                 } else {
                   for (int64_t k = 0; k < count; ++k) {

@@ -357,7 +357,7 @@ __global__ void QsgdDecodeSumKernel(const uint8_t* __restrict__ packed,
       const C step = static_cast<C>(norms[p * buckets + i / bucket_size]) /
                      static_cast<C>(levels);
       const T value = QsgdValue<T>(code, step);
-      sum = p == 0 ? Sum::Start(value) : Sum::Add(sum, value);
+      sum = p == 0 ? Sum::Start(value, num_payloads) : Sum::Add(sum, value);
     }
     out[i] = Sum::Finish(sum);
   }

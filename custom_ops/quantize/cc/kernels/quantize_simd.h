@@ -205,11 +205,14 @@ TFC_TARGET_AVX2 inline uint32_t QsgdDecodeAvx2(const uint32_t* codes,
   return result;
 }
 
-// The float32 decode-and-sum step (PayloadSum<float>): sum[k] = value of
-// codes[k] when `first`, else sum[k] + that value; returns the largest level.
+// The float32 decode-and-sum step (PayloadSum<float>, common/cc/payload_sum.h):
+// with v the value of codes[k], sum[k] = v when `first` and `alone` (the
+// only payload), +0 + v when `first` otherwise, else sum[k] + v; returns the
+// largest level.
 TFC_TARGET_AVX2 inline uint32_t QsgdDecodeAddAvx2(const uint32_t* codes,
                                                   int64_t count, float step,
-                                                  bool first, float* sum) {
+                                                  bool first, bool alone,
+                                                  float* sum) {
   const __m256 step_v = _mm256_set1_ps(step);
   __m256i largest = _mm256_setzero_si256();
   int64_t k = 0;
@@ -217,9 +220,10 @@ TFC_TARGET_AVX2 inline uint32_t QsgdDecodeAddAvx2(const uint32_t* codes,
     const __m256i code =
         _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + k));
     const __m256 value = QsgdValuesAvx2(code, step_v, &largest);
-    _mm256_storeu_ps(sum + k, first ? value
-                                    : _mm256_add_ps(_mm256_loadu_ps(sum + k),
-                                                    value));
+    const __m256 base =
+        first ? _mm256_setzero_ps() : _mm256_loadu_ps(sum + k);  // +0
+    _mm256_storeu_ps(sum + k,
+                     first && alone ? value : _mm256_add_ps(base, value));
   }
   uint32_t result = HorizontalMaxU32(largest);
   if (k < count) {
@@ -227,7 +231,8 @@ TFC_TARGET_AVX2 inline uint32_t QsgdDecodeAddAvx2(const uint32_t* codes,
     result = std::max(result,
                       QsgdDecodeAvx2(codes + k, count - k, step, values));
     for (int64_t i = 0; i < count - k; ++i) {
-      sum[k + i] = first ? values[i] : sum[k + i] + values[i];
+      const float base = first ? 0.0f : sum[k + i];
+      sum[k + i] = first && alone ? values[i] : base + values[i];
     }
   }
   return result;

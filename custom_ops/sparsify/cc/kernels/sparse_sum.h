@@ -18,14 +18,15 @@
 // for N >= 2 payloads, and out[i] = d_0[i] for one (the decode itself; a
 // reduction over an axis of length 1 is a copy in TensorFlow too);
 // in the compute type C (float for Half, BFloat16 and float; double for
-// double), rounded to T once. Only the N * k entries are visited: adding a
-// +0 where a payload has no entry changes an accumulator only when it is a
-// -0 (a sum that underflowed, flushed to zero with its sign in TensorFlow's
-// flush-to-zero mode) or a subnormal, and such an accumulator exists only
-// at an entry's position, so the +0 of an absent payload is added there
-// alone, and bit for bit as the dense fold adds it: before payload p's entry
-// when payload p - 1 has none at that position, and at the end where the
-// last payload has none (see sparse_sum_cpu.h).
+// double), rounded to T once: the PayloadSum of common/cc/payload_sum.h,
+// with which QsgdDecodeSum adds too. Only the N * k entries are visited:
+// adding a +0 where a payload has no entry changes an accumulator only when
+// it is a -0 (a sum that underflowed, flushed to zero with its sign in
+// TensorFlow's flush-to-zero mode) or a subnormal, and such an accumulator
+// exists only at an entry's position, so the +0 of an absent payload is
+// added there alone, and bit for bit as the dense fold adds it: before
+// payload p's entry when payload p - 1 has none at that position, and at
+// the end where the last payload has none (see sparse_sum_cpu.h).
 //
 // TensorFlow-free, like sparsify.h: raw pointers and counts; the CPU
 // definitions are in sparse_sum_cpu.h, instantiated in sparse_sum.cc. There
@@ -35,50 +36,12 @@
 #define TFCOMPRESS_SPARSIFY_CC_KERNELS_SPARSE_SUM_H_
 
 #include <cstdint>
-#include <type_traits>
 
 #include "common/cc/device.h"
-#include "common/cc/float16_types.h"
 
 namespace tensorflow {
 namespace tfcompress {
 namespace functor {
-
-// The type the payloads are added in: float for Half, BFloat16 and float,
-// double for double.
-template <typename T>
-struct SparseSumType {
-  using type = float;
-};
-template <>
-struct SparseSumType<double> {
-  using type = double;
-};
-
-// A T value in its compute type (exact).
-template <typename T>
-inline typename SparseSumType<T>::type SparseSumWiden(T value) {
-  if constexpr (std::is_same_v<T, Half>) {
-    return HalfToFloat(value);
-  } else if constexpr (std::is_same_v<T, BFloat16>) {
-    return BFloat16ToFloat(value);
-  } else {
-    return value;
-  }
-}
-
-// A sum rounded to T once (ties to even; +-inf past T's range, as a
-// TensorFlow cast rounds).
-template <typename T>
-inline T SparseSumFinish(typename SparseSumType<T>::type sum) {
-  if constexpr (std::is_same_v<T, Half>) {
-    return FloatToHalf(sum);
-  } else if constexpr (std::is_same_v<T, BFloat16>) {
-    return FloatToBFloat16(sum);
-  } else {
-    return sum;
-  }
-}
 
 // The first defects of the payloads' indices, as flat positions g in
 // [0, offsets[N]) (element g - offsets[p] of the payload p that holds g).

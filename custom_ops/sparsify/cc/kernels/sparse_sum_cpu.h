@@ -41,6 +41,7 @@
 #include <vector>
 
 #include "common/cc/device.h"
+#include "common/cc/payload_sum.h"
 #include "sparsify/cc/kernels/sparse_sum.h"
 #include "sparsify/cc/kernels/sparsify_cpu.h"
 
@@ -75,18 +76,14 @@ template <typename T, typename C>
 void SumBlock(const T* values, const int32_t* indices, int64_t num_payloads,
               const std::vector<Span>& spans, int64_t block_begin,
               int64_t length, C* acc) {
+  using Sum = PayloadSum<T>;
   std::fill(acc, acc + length, C{0});
   if (num_payloads == 0) return;
-  if (num_payloads == 1) {  // the decode itself (a -0 survives)
-    for (int64_t g = spans[0].begin; g < spans[0].end; ++g) {
-      acc[indices[g] - block_begin] = functor::SparseSumWiden(values[g]);
-    }
-    return;
-  }
-  // The fold of two or more payloads starts from +0.
+  // One payload: the decode itself (a -0 survives); two or more: from +0.
   for (int64_t g = spans[0].begin; g < spans[0].end; ++g) {
-    acc[indices[g] - block_begin] = C{0} + functor::SparseSumWiden(values[g]);
+    acc[indices[g] - block_begin] = Sum::Start(values[g], num_payloads);
   }
+  if (num_payloads == 1) return;
   for (int64_t p = 1; p < num_payloads; ++p) {
     const Span previous = spans[p - 1];
     int64_t q = previous.begin;
@@ -96,7 +93,7 @@ void SumBlock(const T* values, const int32_t* indices, int64_t num_payloads,
       C* slot = acc + (index - block_begin);
       C sum = *slot;
       if (q == previous.end || indices[q] != index) sum = sum + C{0};
-      *slot = sum + functor::SparseSumWiden(values[g]);
+      *slot = Sum::Add(sum, values[g]);
     }
   }
   // The +0 of the last payload where it has no entry but another payload has.
@@ -174,7 +171,7 @@ struct SparseScatterSum<CpuDevice, T> {
   void operator()(const CpuDevice& device, const T* values,
                   const int32_t* indices, const int64_t* offsets,
                   int64_t num_payloads, int64_t size, T* out) const {
-    using C = typename SparseSumType<T>::type;
+    using C = typename PayloadSum<T>::Accumulator;
     using sparse_sum_internal::kSumBlock;
     using sparse_sum_internal::Span;
     if (size == 0) return;
@@ -216,7 +213,7 @@ struct SparseScatterSum<CpuDevice, T> {
           sparse_sum_internal::SumBlock(values, indices, num_payloads, spans,
                                         block_begin, length, widened.data());
           for (int64_t i = 0; i < length; ++i) {
-            out[block_begin + i] = SparseSumFinish<T>(widened[i]);
+            out[block_begin + i] = PayloadSum<T>::Finish(widened[i]);
           }
         }
       }
