@@ -17,7 +17,9 @@ truncated):
   rows of ``out`` weights, at least 512 elements), at most the whole tensor;
   a given ``slice_length`` must be a multiple of ``out``;
 * every other shape (rank 1, 3, 5+): ``K = min(size, 512)``; any
-  ``slice_length`` is accepted.
+  ``slice_length`` is accepted. The strategies hand GradiVeQ such tensors
+  only with ``kernels_only=False`` (by default biases and the like travel
+  exactly: ``GradiVeQ.accepts``).
 
 Schedule (one counter per replica, identical on every worker)::
 
