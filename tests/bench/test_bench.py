@@ -93,6 +93,8 @@ def test_bench_ops_decode_and_sum_rows(tmp_path, kernel_library):
         "1",
         "--only",
         "qsgd 4-bit",
+        "topk 1%",
+        "ef(topk 1%)",
         "--kernels-only",
         "--sum-payloads",
         "2",
@@ -102,10 +104,14 @@ def test_bench_ops_decode_and_sum_rows(tmp_path, kernel_library):
         str(tmp_path),
     )
     assert "| qsgd 4-bit decode-and-sum | 5,000 | 4 |" in proc.stdout
+    assert "| topk 1% decode-and-sum | 5,000 | 4 |" in proc.stdout
     rows = json.loads((tmp_path / "ops.json").read_text())
-    sums = [r for r in rows if r["label"] == "qsgd 4-bit decode-and-sum"]
-    assert [r["payloads"] for r in sums] == [2, 4]
-    assert all(r["fused_seconds"] > 0 and r["separate_seconds"] > 0 for r in sums)
+    for label in ("qsgd 4-bit decode-and-sum", "topk 1% decode-and-sum"):
+        sums = [r for r in rows if r["label"] == label]
+        assert [r["payloads"] for r in sums] == [2, 4], label
+        assert all(r["fused_seconds"] > 0 and r["separate_seconds"] > 0 for r in sums)
+    (feedback,) = [r for r in rows if r["label"] == "ef(topk 1%)"]
+    assert feedback["encode_gbps"] > 0 and feedback["ratio"] > 10
 
 
 def _row(variant, aggregation, seconds, sent, gathered=0, all_to_all=0, **extra):

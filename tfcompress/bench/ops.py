@@ -10,11 +10,17 @@ bytes / payload bytes). With the kernels, ``compress`` and ``decompress`` are
 also timed apart (each its own ``tf.function``): encode and decode GB/s of the
 dense tensor.
 
-The decode-and-sum rows (``--sum-payloads``, QSGD 4-bit) time what a worker
-does with the ``N`` payloads it receives: ``QSGD.aggregate``, one pass over
-the ``N`` payloads into one output (``qsgd_decode_sum``), against the default
-``Compressor.aggregate`` (``N`` decodes, stacked and summed), each against a
-memory copy of the output's bytes.
+The decode-and-sum rows (``--sum-payloads``; QSGD 4-bit, and TopK 1% when
+``topk 1%`` is among the rows) time what a worker does with the ``N``
+payloads it receives: the compressor's ``aggregate``, one pass over the
+``N`` payloads into one output (``qsgd_decode_sum``; TopK's
+``sparse_scatter_sum``), against the default ``Compressor.aggregate`` (``N``
+decodes, stacked and summed), each against a memory copy of the output's
+bytes.
+
+The ``ef(topk 1%)`` row is error feedback around TopK 1%: on the CPU its
+compress is one ``top_k_feedback`` pass (memory update, selection, new
+residual) where the reference adds, selects and subtracts apart.
 
 Thread scaling (``--threads``, default 1 and 2): every kernel row's round
 trip and every one-pass decode-and-sum is timed again in one child process
@@ -80,6 +86,8 @@ def _compressor_cases() -> dict[str, Callable[[], C.Compressor]]:
     for label, (name, options) in optional.items():
         if name in C.available():
             cases[label] = lambda name=name, options=options: C.get(name, **options)
+    if {"topk", "error_feedback"} <= set(C.available()):
+        cases["ef(topk 1%)"] = lambda: C.ErrorFeedback(C.TopK(ratio=0.01))
     return cases
 
 
@@ -198,11 +206,13 @@ def main(args: argparse.Namespace) -> int:
                 rows.append(row)
     sum_rows = []
     counts = getattr(args, "sum_payloads", None) or []
-    if not (counts and "qsgd 4-bit" in labels and kernel):
+    sum_labels = _sum_labels(labels) if counts and kernel else []
+    if not sum_labels:
         counts = []
     for n in args.sizes if counts else []:
-        print(f"\r[decode-and-sum] n={n:,} ...".ljust(60), end="", file=sys.stderr, flush=True)
-        sum_rows += _decode_sum_rows(n, counts, args.repeats)
+        for sum_label in sum_labels:
+            print(f"\r[{sum_label}] n={n:,} ...".ljust(60), end="", file=sys.stderr, flush=True)
+            sum_rows += _decode_sum_rows(n, counts, args.repeats, sum_label)
     thread_counts = list(getattr(args, "threads", None) or []) if kernel else []
     if thread_counts:
         scaling = {}
@@ -242,10 +252,17 @@ def _round_trip_seconds(label: str, x: tf.Tensor, repeats: int) -> float:
 
 
 SUM_LABEL = "qsgd 4-bit decode-and-sum"
+#: Decode-and-sum rows: their label -> the round-trip row whose compressor they sum.
+SUM_CASES = {SUM_LABEL: "qsgd 4-bit", "topk 1% decode-and-sum": "topk 1%"}
 
 
-def _sum_payloads(n: int, count: int) -> tuple[C.Compressor, list]:
-    compressor = C.get("qsgd", bits=4, seed=1)
+def _sum_labels(labels: list[str]) -> list[str]:
+    """The decode-and-sum rows of the round-trip rows ``labels``."""
+    return [sum_label for sum_label, label in SUM_CASES.items() if label in labels]
+
+
+def _sum_payloads(n: int, count: int, sum_label: str = SUM_LABEL) -> tuple[C.Compressor, list]:
+    compressor = _compressor_cases()[SUM_CASES[sum_label]]()
     rng = np.random.default_rng(2)
     payloads = [
         compressor.compress(tf.constant(rng.normal(size=n).astype(np.float32)))
@@ -259,9 +276,11 @@ def _aggregate_seconds(aggregate: Callable, received: list, repeats: int) -> flo
     return measure(lambda: graph().numpy(), repeats)
 
 
-def _decode_sum_rows(n: int, counts: list[int], repeats: int) -> list[dict]:
-    """Seconds of QSGD 4-bit's one-pass aggregate and of the default one, N payloads of n."""
-    compressor, payloads = _sum_payloads(n, max(counts))
+def _decode_sum_rows(
+    n: int, counts: list[int], repeats: int, sum_label: str = SUM_LABEL
+) -> list[dict]:
+    """Seconds of a compressor's one-pass aggregate and of the default one, N payloads of n."""
+    compressor, payloads = _sum_payloads(n, max(counts), sum_label)
     copy_s = _memcpy_seconds(n, repeats)
     rows = []
     for count in counts:
@@ -273,7 +292,7 @@ def _decode_sum_rows(n: int, counts: list[int], repeats: int) -> list[dict]:
             )
         rows.append(
             {
-                "label": SUM_LABEL,
+                "label": sum_label,
                 "size": n,
                 "payloads": count,
                 "fused_seconds": fused_s,
@@ -335,9 +354,13 @@ def _add_thread_columns(rows: list[dict], sum_rows: list[dict], scaling: dict) -
     """Adds ``threads_gbps`` (kernel rows) and ``threads_seconds`` (decode-and-sum rows)."""
     for threads, results in scaling.items():
         for result in results:
-            if result["label"] == SUM_LABEL:
+            if result["label"] in SUM_CASES:
                 for row in sum_rows:
-                    if (row["size"], row["payloads"]) == (result["size"], result["payloads"]):
+                    if (row["label"], row["size"], row["payloads"]) == (
+                        result["label"],
+                        result["size"],
+                        result["payloads"],
+                    ):
                         row.setdefault("threads_seconds", {})[str(threads)] = result["seconds"]
                 continue
             for row in rows:
@@ -368,14 +391,14 @@ def _thread_child(argv: list[str]) -> int:
             for label in args.labels:
                 seconds = _round_trip_seconds(label, x, args.repeats)
                 results.append({"label": label, "size": n, "seconds": seconds})
-            if args.sum_payloads:
-                compressor, payloads = _sum_payloads(n, max(args.sum_payloads))
+            for sum_label in _sum_labels(args.labels) if args.sum_payloads else []:
+                compressor, payloads = _sum_payloads(n, max(args.sum_payloads), sum_label)
                 for count in args.sum_payloads:
                     seconds = _aggregate_seconds(
                         compressor.aggregate, payloads[:count], args.repeats
                     )
                     results.append(
-                        {"label": SUM_LABEL, "size": n, "payloads": count, "seconds": seconds}
+                        {"label": sum_label, "size": n, "payloads": count, "seconds": seconds}
                     )
     threads = tf.config.threading.get_intra_op_parallelism_threads()
     pathlib.Path(args.json).write_text(json.dumps({"threads": threads, "results": results}))
