@@ -16,6 +16,7 @@ from tests.compressors.conformance import CompressorConformance
 from tfcompress.compressors import get, payload_nbytes
 from tfcompress.compressors.gradiveq import GradiVeQ, slice_geometry
 from tfcompress.compressors.state import TensorContext
+from tfcompress.distribute.policy import CompressionPolicy
 
 
 class Workers:
@@ -123,11 +124,30 @@ def test_padding_round_trips_every_element():
         ({"slice_length": 768, "slice_size": 768}, "slice_size"),
         ({"refit_steps": 2}, "refit_steps"),
         ({"refresh_on": "workers"}, "refresh_on"),
+        ({"kernels_only": 1}, "kernels_only"),
     ],
 )
 def test_rejects_bad_options(options, match):
     with pytest.raises(ValueError, match=match):
         GradiVeQ(**options)
+
+
+def test_the_policy_hands_gradiveq_kernels_only_unless_told_otherwise():
+    """Biases and other non-kernel shapes travel exactly (GradiVeQ.accepts)."""
+    policy = CompressionPolicy()
+    kernels = [tf.zeros([3, 3, 16, 16]), tf.zeros([784, 2048])]
+    others = [tf.zeros([2048]), tf.zeros([8, 16, 32])]
+    default, every = GradiVeQ(), GradiVeQ(kernels_only=False)
+    assert [policy.should_compress(x, default) for x in kernels + others] == [
+        True,
+        True,
+        False,
+        False,
+    ]
+    assert all(policy.should_compress(x, every) for x in kernels + others)
+    assert default.get_config()["kernels_only"] and not every.get_config()["kernels_only"]
+    # Other compressors take every shape.
+    assert policy.should_compress(tf.zeros([2048]), get("qsgd", bits=4))
 
 
 def test_design_aliases_and_config():

@@ -130,9 +130,9 @@ class GradiVeQ(Compressor):
         (a 2048-element bias is 4 flat slices, whose bases explained 38-45%
         of a fresh step on the MLP task, so the self-check sent them exact
         anyway), saves a few KB per step, and costs GradiVeQ's whole
-        per-tensor program: each compressed tensor added about 4.5 s to the
-        first step of 2 workers on the MLP (20.4 s with its 2 biases, 11.6 s
-        without). ``False``: every tensor the policy admits, sliced flat
+        per-tensor program: each compressed tensor added about 2 s to the
+        first step of 2 workers on the MLP (11.2 s with its 2 biases, 7.1 s
+        without, 1.8 s with QSGD 4-bit; docs/bench/train-mlp-8). ``False``: every tensor the policy admits, sliced flat
         when it is not a kernel.
       slice_size, energy, sample_steps, sample_compressor: aliases of
         ``slice_length``, ``1 - energy_loss``, ``sampling_steps`` and
