@@ -26,6 +26,8 @@ __all__ = [
     "SamplingBranch",
     "StagedSampling",
     "checked_tensors",
+    "decode",
+    "encode",
 ]
 
 SKETCH = "residual_sketch"
@@ -168,51 +170,11 @@ class CompressedBranch(_Branch):
     summable = True
 
     def compress(self, x: tf.Tensor) -> Payload:
-        layer = self.layer
         x = self._check_input(x)
-        slices = layer.slices(layer.with_residual(x))
-        k = layer.geometry[0]
-        cdt = layer.compute_dtype
-        d = layer.components.read_value()
-        exact = 1 - layer.valid.read_value()
-        basis = layer.basis.read_value()[:d]  # a view: rows of a row-major variable
-        tensors = {}
-        captured = tf.constant(0.0, cdt)
-        residuals = []
-        all_coefficients = []
-        for p, (a, b) in enumerate(layer.pack_bounds):
-            part = slices[a:b]
-            coefficients = tf.matmul(basis, part, transpose_b=True)
-            all_coefficients.append(coefficients)
-            # [K, S_p] for an exact layer, else [0, S_p] (no transposed copy of the slices)
-            raw = tf.transpose(part[:, : k * exact])
-            tensors[f"coefficients_{p}"] = tf.concat([coefficients, raw], axis=0)
-            captured += tf.reduce_sum(tf.square(coefficients))
-            if layer.residual is not None:
-                kept = tf.matmul(coefficients, basis, transpose_a=True)
-                residuals.append((part - kept) * tf.cast(1 - exact, part.dtype))
-        coefficients = (
-            tf.concat(all_coefficients, axis=1)
-            if len(all_coefficients) > 1
-            else all_coefficients[0]
-        )
-        sketch = layer.residual_sketch(slices, coefficients, basis)
-        tensors[SKETCH] = sketch * tf.cast(1 - exact, cdt)  # an exact layer drops nothing
-        flat = tf.reshape(slices, [1, -1])
-        norm = tf.squeeze(tf.matmul(flat, flat, transpose_b=True))
-        # ||g - U^T c||^2 = ||g||^2 - ||c||^2 for orthonormal rows of U.
-        relative = tf.sqrt(tf.math.divide_no_nan(tf.maximum(norm - captured, 0.0), norm))
-        relative = tf.cast(relative, tf.float32) * tf.cast(1 - exact, tf.float32)
-        dependencies = []
-        if residuals:
-            dependencies = layer.set_residual(tf.concat(residuals, axis=0))
-        with tf.control_dependencies(dependencies):
-            tensors["check"] = tf.concat([layer.local_check(), relative[None]], axis=0)
-        return Payload(tensors=tensors, **self._metadata(x))
+        return Payload(tensors=self.layer.encode(x), **self._metadata(x))
 
     def decompress(self, payload: Payload) -> tf.Tensor:
         layer = self.layer
-        replicas = layer.context.num_replicas
         d = layer.components.read_value()
         check, packs, sketch = checked_tensors(layer, payload, d)
         differs = (
@@ -224,24 +186,84 @@ class CompressedBranch(_Branch):
         )
         same = require(layer.agreed_in_sum(check[:2]), lambda: [differs])
         summed = tf.concat(packs, axis=1) if len(packs) > 1 else packs[0]  # [d (+K), S]
-
-        def projected() -> tf.Tensor:  # U_d^T c, [S, K], written once
-            basis = layer.basis.read_value()[:d]
-            return tf.matmul(summed[:d], basis, transpose_a=True)
-
-        def raw() -> tf.Tensor:  # an exact layer: d = 0, the raw rows follow
-            return tf.transpose(summed[d:])
-
-        slices = tf.cond(layer.valid.read_value() > 0, projected, raw)
-        mean_error = check[2] / replicas
-        # ||g||^2 = ||U_d^T g||^2 + ||residual||^2; the sketch estimates the second.
-        dropped = tf.reduce_sum(tf.square(sketch))
-        kept = tf.reduce_sum(tf.square(summed[:d]))
-        sum_error = tf.sqrt(tf.math.divide_no_nan(dropped, dropped + kept))
-        sum_error = tf.cast(sum_error, tf.float32)
-        recorded = layer.record_error(mean_error, sum_error)
-        with tf.control_dependencies([*same, *recorded]):
+        slices = layer.decode(check, summed, sketch)
+        with tf.control_dependencies(same):
             return tf.identity(layer.unslice(slices, payload))
+
+
+def encode(layer: Compressor, x: tf.Tensor) -> dict[str, tf.Tensor]:
+    """A compressed step's payload tensors for a checked gradient ``x``.
+
+    Per pack ``p`` of slices, ``coefficients_p`` ``[d (+K), S_p]`` (see
+    :class:`CompressedBranch`), the residual sketch and ``check`` (the
+    fingerprint pair and the local relative error); updates the residual
+    with error feedback.
+    """
+    slices = layer.slices(layer.with_residual(x))
+    k = layer.geometry[0]
+    cdt = layer.compute_dtype
+    d = layer.components.read_value()
+    exact = 1 - layer.valid.read_value()
+    basis = layer.basis.read_value()[:d]  # a view: rows of a row-major variable
+    tensors = {}
+    captured = tf.constant(0.0, cdt)
+    residuals = []
+    all_coefficients = []
+    for p, (a, b) in enumerate(layer.pack_bounds):
+        part = slices[a:b]
+        coefficients = tf.matmul(basis, part, transpose_b=True)
+        all_coefficients.append(coefficients)
+        # [K, S_p] for an exact layer, else [0, S_p] (no transposed copy of the slices)
+        raw = tf.transpose(part[:, : k * exact])
+        tensors[f"coefficients_{p}"] = tf.concat([coefficients, raw], axis=0)
+        captured += tf.reduce_sum(tf.square(coefficients))
+        if layer.residual is not None:
+            kept = tf.matmul(coefficients, basis, transpose_a=True)
+            residuals.append((part - kept) * tf.cast(1 - exact, part.dtype))
+    coefficients = (
+        tf.concat(all_coefficients, axis=1) if len(all_coefficients) > 1 else all_coefficients[0]
+    )
+    sketch = layer.residual_sketch(slices, coefficients, basis)
+    tensors[SKETCH] = sketch * tf.cast(1 - exact, cdt)  # an exact layer drops nothing
+    flat = tf.reshape(slices, [1, -1])
+    norm = tf.squeeze(tf.matmul(flat, flat, transpose_b=True))
+    # ||g - U^T c||^2 = ||g||^2 - ||c||^2 for orthonormal rows of U.
+    relative = tf.sqrt(tf.math.divide_no_nan(tf.maximum(norm - captured, 0.0), norm))
+    relative = tf.cast(relative, tf.float32) * tf.cast(1 - exact, tf.float32)
+    dependencies = []
+    if residuals:
+        dependencies = layer.set_residual(tf.concat(residuals, axis=0))
+    with tf.control_dependencies(dependencies):
+        tensors["check"] = tf.concat([layer.local_check(), relative[None]], axis=0)
+    return tensors
+
+
+def decode(layer: Compressor, check: tf.Tensor, summed: tf.Tensor, sketch: tf.Tensor) -> tf.Tensor:
+    """The slices ``[S, K]`` of checked, summed coefficients; records the step's errors.
+
+    ``summed``: the packs side by side, ``[d (+K), S]``; the result runs
+    after the errors are stored (``GradiVeQLayer.record_error``).
+    """
+    d = layer.components.read_value()
+    replicas = layer.context.num_replicas
+
+    def projected() -> tf.Tensor:  # U_d^T c, [S, K], written once
+        basis = layer.basis.read_value()[:d]
+        return tf.matmul(summed[:d], basis, transpose_a=True)
+
+    def raw() -> tf.Tensor:  # an exact layer: d = 0, the raw rows follow
+        return tf.transpose(summed[d:])
+
+    slices = tf.cond(layer.valid.read_value() > 0, projected, raw)
+    mean_error = check[2] / replicas
+    # ||g||^2 = ||U_d^T g||^2 + ||residual||^2; the sketch estimates the second.
+    dropped = tf.reduce_sum(tf.square(sketch))
+    kept = tf.reduce_sum(tf.square(summed[:d]))
+    sum_error = tf.sqrt(tf.math.divide_no_nan(dropped, dropped + kept))
+    sum_error = tf.cast(sum_error, tf.float32)
+    recorded = layer.record_error(mean_error, sum_error)
+    with tf.control_dependencies(recorded):
+        return tf.identity(slices)
 
 
 def checked_tensors(

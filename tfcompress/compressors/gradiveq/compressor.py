@@ -315,6 +315,9 @@ class GradiVeQ(Compressor):
         self._sampler = sampler
         # replica -> schedule; bind() and schedule() share it (one per replica).
         self._schedules: dict[int, GradiVeQSchedule] = {}
+        # (method, layout) -> the tf.function that traces a sampling step's
+        # bookkeeping once for every tensor of that layout (gradiveq.traced).
+        self._traced: dict[tuple, tf.types.experimental.PolymorphicFunction] = {}
 
     @classmethod
     def paper(cls, **options) -> GradiVeQ:

@@ -11,14 +11,14 @@ package docstring (:mod:`tfcompress.compressors.gradiveq`).
 
 from __future__ import annotations
 
-import sys
+import copy
 import zlib
 
 import numpy as np
 import tensorflow as tf
 
 from tfcompress.compressors.base import Compressor, Payload
-from tfcompress.compressors.gradiveq import handshake, sketch
+from tfcompress.compressors.gradiveq import branches, handshake, sketch, traced
 from tfcompress.compressors.gradiveq.branches import CompressedBranch, ExactBranch, SamplingBranch
 from tfcompress.compressors.gradiveq.geometry import sketch_size, slice_geometry
 from tfcompress.compressors.gradiveq.schedule import GradiVeQSchedule
@@ -44,6 +44,34 @@ _CHECK_STEPS = 3
 # at most this many signed groups of slices times signed groups of columns.
 SKETCH_ROWS = 32
 SKETCH_COLUMNS = 32
+
+# Stands for the tensor's name in the parts of GradiVeQLayer._warn.
+_NAME = object()
+
+# The layer's own state variables, by attribute name, in checkpoint order
+# (``residual`` follows with error feedback).
+_STATE = (
+    "basis",
+    "singular",
+    "count",
+    "buffer",
+    "filled",
+    "components",
+    "valid",
+    "degenerate",
+    "kept_energy",
+    "heldout_error",
+    "explained",
+    "fallbacks",
+    "error",
+    "sum_error",
+    "refreshes",
+    "mismatches",
+    "warned",
+    "quick_refreshes",
+    "warned_refresh",
+    "fingerprint",
+)
 
 #: Compressed phases in a row ended by the refresh at their first step after
 #: which GradiVeQ says so (once per tensor).
@@ -153,32 +181,10 @@ class GradiVeQLayer(Compressor):
         self.quick_refreshes = scalar("quick_refreshes", 0, tf.int32)
         self.warned_refresh = scalar("warned_refresh", 0, tf.int32)
         self.fingerprint = variable("fingerprint", lambda: tf.zeros([2], tf.float32))
-        self._variables = (
-            self.basis,
-            self.singular,
-            self.count,
-            self.buffer,
-            self.filled,
-            self.components,
-            self.valid,
-            self.degenerate,
-            self.kept_energy,
-            self.heldout_error,
-            self.explained,
-            self.fallbacks,
-            self.error,
-            self.sum_error,
-            self.refreshes,
-            self.mismatches,
-            self.warned,
-            self.quick_refreshes,
-            self.warned_refresh,
-            self.fingerprint,
-        )
         self.residual = None
         if config.error_feedback:
             self.residual = variable("residual", lambda: tf.zeros([s * k], cdt))
-            self._variables += (self.residual,)
+        self._variables = tuple(self.state_variables().values())
 
     # -- views ----------------------------------------------------------------------------------
 
@@ -198,6 +204,61 @@ class GradiVeQLayer(Compressor):
     def variables(self) -> tuple[tf.Variable, ...]:
         sampler = () if self.sampler is None else tuple(self.sampler.variables)
         return self._variables + sampler
+
+    def state_variables(self) -> dict[str, tf.Variable]:
+        """The layer's own state by attribute name (the sampler's not included), in order."""
+        names = _STATE + (() if self.residual is None else ("residual",))
+        return {name: getattr(self, name) for name in names}
+
+    def key_text(self) -> tf.Tensor:
+        """The tensor's name as its warnings print it (quoted), a string scalar."""
+        return tf.constant(repr(self.context.key))
+
+    def sketch_seed(self) -> tf.Tensor:
+        """The seed of the residual sketch's signs (int64 scalar; see :meth:`residual_sketch`)."""
+        return tf.constant(self._sketch_seed, tf.int64)
+
+    def _warn(self, *parts: str | object | tf.Tensor) -> tf.Operation:
+        """Prints ``parts`` as one line on stderr, as ``tf.print`` would, ``_NAME`` the name.
+
+        ``tf.print`` quotes string tensors, and the name is one (:meth:`key_text`:
+        a tensor in the shared trace of :mod:`.traced`); Python strings print as
+        they are, other tensors as ``tf.print`` formats them.
+        """
+        pieces = [
+            self.key_text()
+            if part is _NAME
+            else part
+            if isinstance(part, str)
+            else tf.strings.format("{}", part)
+            for part in parts
+        ]
+        return tf.raw_ops.PrintV2(
+            input=tf.strings.join(pieces, separator=" "), output_stream="stderr", end="\n"
+        )
+
+    def view(
+        self,
+        variables: dict[str, tf.Variable],
+        key_text: tf.Tensor,
+        sketch_seed: tf.Tensor,
+        context: object,
+    ) -> GradiVeQLayer:
+        """A shallow copy bound to other state, name, sketch seed and context (:mod:`.traced`).
+
+        It has no sampler (a per-tensor object the traced code does not
+        read): reading it fails at trace time.
+        """
+        view = copy.copy(self)
+        for name, variable in variables.items():
+            setattr(view, name, variable)
+        view._variables = tuple(variables.values())
+        view.sampler = None
+        del view._sketch_seed
+        view.key_text = lambda: key_text
+        view.sketch_seed = lambda: sketch_seed
+        view._bound_context = context
+        return view
 
     def metrics(self) -> dict[str, tf.Tensor]:
         """The fit and its errors, float32 scalars.
@@ -310,7 +371,7 @@ class GradiVeQLayer(Compressor):
         a, b = self.sketch_shape
         k, s = self.geometry
         step = self.schedule_.step.read_value()
-        seed = tf.stack([tf.constant(self._sketch_seed, tf.int64), step])
+        seed = tf.stack([self.sketch_seed(), step])
         signs = tf.random.stateless_uniform([s + k], seed, minval=0, maxval=2, dtype=tf.int64)
         signs = tf.cast(1 - 2 * signs, slices.dtype)
         alpha, beta = signs[:s], signs[s:]
@@ -349,15 +410,15 @@ class GradiVeQLayer(Compressor):
         stored = self.quick_refreshes.assign(count)
 
         def say() -> tf.Tensor:
-            printed = tf.print(
-                f"WARNING: GradiVeQ: the bases fitted for tensor {self.context.key!r} do not "
-                f"hold its gradients: {QUICK_REFRESHES} compressed phases in a row ended at "
+            printed = self._warn(
+                "WARNING: GradiVeQ: the bases fitted for tensor",
+                _NAME,
+                f"do not hold its gradients: {QUICK_REFRESHES} compressed phases in a row ended at "
                 "their first step, whose relative error was",
                 tf.round(measured * 100.0) / 100.0,
                 f"(above refresh_threshold = {self.config.refresh_threshold}); the tensor "
                 "travels mostly through the sampling steps (printed once per tensor; "
                 "gradiveq_refreshes counts the fits)",
-                output_stream=sys.stderr,
             )
             with tf.control_dependencies([printed]):
                 return tf.identity(self.warned_refresh.assign(1))
@@ -379,6 +440,34 @@ class GradiVeQLayer(Compressor):
 
     def record(self, total: tf.Tensor, agreed: tf.Tensor) -> tf.Tensor:
         """Sampling bookkeeping after an aggregation of branch 0; returns ``total``.
+
+        Traced once per tensor layout (:mod:`.traced`); the steps are those of
+        :meth:`_record`.
+        """
+        return traced.call(self, "_record", total, agreed)
+
+    def encode(self, x: tf.Tensor) -> dict[str, tf.Tensor]:
+        """A compressed step's payload tensors (``branches.encode``).
+
+        Traced once per tensor layout (:mod:`.traced`).
+        """
+        return traced.call(self, "_encode", x)
+
+    def _encode(self, x: tf.Tensor) -> dict[str, tf.Tensor]:
+        return branches.encode(self, x)
+
+    def decode(self, check: tf.Tensor, summed: tf.Tensor, sketch: tf.Tensor) -> tf.Tensor:
+        """A compressed step's slices from its checked sum (``branches.decode``).
+
+        Traced once per tensor layout (:mod:`.traced`).
+        """
+        return traced.call(self, "_decode", check, summed, sketch)
+
+    def _decode(self, check: tf.Tensor, summed: tf.Tensor, sketch: tf.Tensor) -> tf.Tensor:
+        return branches.decode(self, check, summed, sketch)
+
+    def _record(self, total: tf.Tensor, agreed: tf.Tensor) -> tf.Tensor:
+        """The bookkeeping of :meth:`record`.
 
         Within a block of ``L_t`` sampling steps (``refit_steps`` after the
         first block), at position ``p``: ``p < L_t - 1`` adds the aggregate's first ``m`` slices to the sketch; the
@@ -544,16 +633,16 @@ class GradiVeQLayer(Compressor):
         """Counts a block whose basis failed the self-check; says so once per tensor."""
 
         def say() -> tf.Tensor:  # built inside the branch: eagerly it would print every time
-            message = tf.print(
-                f"WARNING: GradiVeQ: the basis fitted for tensor {self.context.key!r} explains "
-                "only",
+            message = self._warn(
+                "WARNING: GradiVeQ: the basis fitted for tensor",
+                _NAME,
+                "explains only",
                 tf.round(explained * 100.0),
                 f"% of the energy of a sampling step it was not fitted on (the least over the "
                 f"last check steps; min_explained = "
                 f"{self.config.min_explained:.0%}); the tensor is aggregated exactly for this "
                 "block and the next block refits (counted in gradiveq_fallbacks; printed once "
                 "per tensor)",
-                output_stream=sys.stderr,
             )
             return _after([message])
 
@@ -591,12 +680,11 @@ class GradiVeQLayer(Compressor):
         """Keeps the fit if every worker has the same one; else this block stays exact."""
 
         def fall_back() -> tf.Tensor:
-            message = tf.print(
-                f"WARNING: GradiVeQ: the workers fitted different bases for tensor "
-                f"{self.context.key!r} (their fingerprints differ); this block is aggregated "
-                "exactly and the next one refits (counted in gradiveq_mismatches; "
-                "printed once per tensor)",
-                output_stream=sys.stderr,
+            message = self._warn(
+                "WARNING: GradiVeQ: the workers fitted different bases for tensor",
+                _NAME,
+                "(their fingerprints differ); this block is aggregated exactly and the next "
+                "one refits (counted in gradiveq_mismatches; printed once per tensor)",
             )
             printed = tf.cond(
                 tf.equal(self.warned.read_value(), 0),
@@ -619,10 +707,10 @@ class GradiVeQLayer(Compressor):
         return tf.cond(agreed, lambda: tf.constant(0, tf.int32), fall_back)
 
     def _warn_degenerate(self) -> tf.Tensor:
-        printed = tf.print(
-            f"WARNING: GradiVeQ: the sampled gradients of tensor {self.context.key!r} are "
-            "degenerate (all zero or not finite); it stays exact for this block",
-            output_stream=sys.stderr,
+        printed = self._warn(
+            "WARNING: GradiVeQ: the sampled gradients of tensor",
+            _NAME,
+            "are degenerate (all zero or not finite); it stays exact for this block",
         )
         return _after([printed])
 
