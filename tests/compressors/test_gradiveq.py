@@ -14,8 +14,12 @@ import tensorflow as tf
 
 from tests.compressors.conformance import CompressorConformance
 from tfcompress.compressors import get, payload_nbytes
+from tfcompress.compressors.diana import DIANA
+from tfcompress.compressors.error_feedback import ErrorFeedback
 from tfcompress.compressors.gradiveq import GradiVeQ, slice_geometry
+from tfcompress.compressors.qsgd import QSGD
 from tfcompress.compressors.state import TensorContext
+from tfcompress.compressors.switch import Switch
 from tfcompress.distribute.policy import CompressionPolicy
 
 
@@ -148,6 +152,30 @@ def test_the_policy_hands_gradiveq_kernels_only_unless_told_otherwise():
     assert default.get_config()["kernels_only"] and not every.get_config()["kernels_only"]
     # Other compressors take every shape.
     assert policy.should_compress(tf.zeros([2048]), get("qsgd", bits=4))
+
+
+class _KernelsOnlyQSGD(QSGD):
+    """QSGD that declines every tensor but a rank-2 or rank-4 kernel (as GradiVeQ does)."""
+
+    def accepts(self, shape: tf.TensorShape) -> bool:
+        return shape.rank in (2, 4)
+
+
+def test_wrappers_decline_what_their_compressor_declines():
+    """ErrorFeedback, DIANA and a Switch ask their inner compressors (a Switch: every phase)."""
+    policy = CompressionPolicy(min_size=1)
+    kernel, bias = tf.zeros([64, 32]), tf.zeros([2048])
+    picky = _KernelsOnlyQSGD(bits=4)
+    for wrapped in (
+        ErrorFeedback(picky),
+        DIANA(picky),
+        Switch([get("qsgd", bits=4), picky]),
+        ErrorFeedback(GradiVeQ()),
+    ):
+        assert policy.should_compress(kernel, wrapped), wrapped
+        assert not policy.should_compress(bias, wrapped), wrapped
+    assert policy.should_compress(bias, Switch([get("qsgd", bits=4), get("fp16")]))
+    assert policy.should_compress(bias, ErrorFeedback(GradiVeQ(kernels_only=False)))
 
 
 def test_design_aliases_and_config():

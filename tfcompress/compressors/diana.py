@@ -319,6 +319,10 @@ class DIANA(Compressor):
         del num_elements
         return None
 
+    def accepts(self, shape: tf.TensorShape) -> bool:
+        """The inner compressor's."""
+        return self.inner.accepts(shape)
+
     def compressed_nbytes(self, shape: tf.TensorShape, dtype: tf.DType) -> int | None:
         """The inner compressor's: DIANA sends ``Q(g_i - h_i)`` and nothing else."""
         return self.inner.compressed_nbytes(shape, dtype)

@@ -320,6 +320,10 @@ class ErrorFeedback(Compressor):
         own = tuple(v for v in (self._memory, self._velocity) if v is not None)
         return own + tuple(self._inner.variables)
 
+    def accepts(self, shape: tf.TensorShape) -> bool:
+        """The inner compressor's (``GradiVeQ(kernels_only=True)`` inside declines biases)."""
+        return self.inner.accepts(shape)
+
     def compressed_nbytes(self, shape: tf.TensorShape, dtype: tf.DType) -> int | None:
         """The inner compressor's: the memory stays on the worker."""
         return self.inner.compressed_nbytes(shape, dtype)

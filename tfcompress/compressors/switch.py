@@ -170,6 +170,10 @@ class Switch(Compressor):
     def variables(self) -> tuple[tf.Variable, ...]:
         return tuple(v for bound in self._branches for v in bound.variables)
 
+    def accepts(self, shape: tf.TensorShape) -> bool:
+        """Whether every phase takes the shape: the routing is fixed while the phases change."""
+        return all(p.accepts(shape) for p in self.phases)
+
     def compressed_nbytes(self, shape: tf.TensorShape, dtype: tf.DType) -> int | None:
         """The smallest payload of its phases (``None`` when a phase cannot tell)."""
         sizes = [p.compressed_nbytes(shape, dtype) for p in self.phases]
