@@ -239,7 +239,8 @@ def calibrate(
       force: time them again even if cached.
       seconds_budget: the time the timing should take, tracing included; it
         sets the number of timed runs per point (at least 1, at most
-        :data:`MAX_REPEATS`). The safe set takes about 20 s on 2 cores.
+        :data:`MAX_REPEATS`). The safe set took 2.3 s on 2 quiet cores
+        (0.2-0.6 s per compressor, the op library already built; docs/PLANNER.md).
 
     Returns:
       The calibration, with every compressor cached for this machine (those
