@@ -316,7 +316,8 @@ class GradiVeQ(Compressor):
         # replica -> schedule; bind() and schedule() share it (one per replica).
         self._schedules: dict[int, GradiVeQSchedule] = {}
         # (method, layout) -> the tf.function that traces a sampling step's
-        # bookkeeping once for every tensor of that layout (gradiveq.traced).
+        # bookkeeping, or a compressed step's encode or decode, once for every
+        # tensor of that layout (gradiveq.traced).
         self._traced: dict[tuple, tf.types.experimental.PolymorphicFunction] = {}
 
     @classmethod
