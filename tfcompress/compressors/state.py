@@ -41,11 +41,13 @@ __all__ = [
     "SeededNoise",
     "StepCounter",
     "TensorContext",
+    "after",
     "counter_variable",
     "local_variable",
     "resolve_seed",
     "state_name",
     "stateless_seed",
+    "update_ops",
 ]
 
 
@@ -99,6 +101,23 @@ def state_name(prefix: str, context: TensorContext) -> str:
 def counter_variable(name: str, device: str | None = None) -> tf.Variable:
     """A worker-local int64 scalar variable starting at 0 (step counters, phase counters)."""
     return local_variable(lambda: tf.constant(0, tf.int64), name=name, device=device)
+
+
+def update_ops(*results) -> list:
+    """Control inputs for the results of variable updates (nothing when eager).
+
+    ``tf.Variable.assign`` returns the variable in a graph; its ``op`` is
+    what a ``tf.control_dependencies`` block must wait for.
+    """
+    if tf.executing_eagerly():
+        return []
+    return [r.op if isinstance(r, tf.Variable) else r for r in results]
+
+
+def after(operations: list) -> tf.Tensor:
+    """An int32 constant that runs after ``operations`` (for ``tf.cond`` branches)."""
+    with tf.control_dependencies([o for o in operations if o is not None]):
+        return tf.constant(1, tf.int32)
 
 
 class StepCounter:

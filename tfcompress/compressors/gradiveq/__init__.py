@@ -175,8 +175,10 @@ Gram computation holds ``l + B`` rows of ``K`` in float64.
 Modules (each imports only those above it): ``geometry`` (the slicing rule,
 the sketch's size), ``schedule`` (:class:`GradiVeQSchedule`), ``sketch`` (the
 streaming uncentred SVD as pure functions over a ``SketchState``), ``handshake``
-(the fingerprints and their test), ``branches`` (the phase views), ``layer``
-(``GradiVeQLayer``: a tensor's variables and the fit's bookkeeping),
+(the fingerprints and their test), ``branches`` (the phase views), ``traced``
+(one traced function per tensor layout), ``fit`` (a sampling block's
+bookkeeping over a layer's state: fit steps, self-check, handshake), ``layer``
+(``GradiVeQLayer``: a tensor's variables, residual and refresh),
 ``compressor`` (:class:`GradiVeQ`: options, validation, binding). This
 package only re-exports.
 """

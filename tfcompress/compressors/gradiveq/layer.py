@@ -1,10 +1,11 @@
-"""GradiVeQ bound to one tensor: its state variables and the fit's bookkeeping.
+"""GradiVeQ bound to one tensor: its state variables, residual and refresh.
 
 The layer holds every ``tf.Variable`` of a tensor (created in one place,
-:meth:`GradiVeQLayer.build_state`) and does the bookkeeping of the sampling
-steps (record, fit step, self-check, handshake) around the pure maths of
-:mod:`~tfcompress.compressors.gradiveq.sketch` and
-:mod:`~tfcompress.compressors.gradiveq.handshake`; its phase views are in
+:meth:`GradiVeQLayer.build_state`), the error-feedback residual, the
+residual sketch and the refresh's error records; a sampling block's
+bookkeeping over that state (fit step, self-check, handshake) is
+:mod:`~tfcompress.compressors.gradiveq.fit`, traced once per tensor layout
+(:mod:`~tfcompress.compressors.gradiveq.traced`); its phase views are in
 :mod:`~tfcompress.compressors.gradiveq.branches`. The algorithm is in the
 package docstring (:mod:`tfcompress.compressors.gradiveq`).
 """
@@ -18,7 +19,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfcompress.compressors.base import Compressor, Payload
-from tfcompress.compressors.gradiveq import branches, handshake, sketch, traced
+from tfcompress.compressors.gradiveq import branches, fit, handshake, traced
 from tfcompress.compressors.gradiveq.branches import CompressedBranch, ExactBranch, SamplingBranch
 from tfcompress.compressors.gradiveq.geometry import sketch_size, slice_geometry
 from tfcompress.compressors.gradiveq.schedule import GradiVeQSchedule
@@ -27,26 +28,15 @@ from tfcompress.compressors.state import (
     counter_variable,
     local_variable,
     state_name,
+    update_ops,
 )
 
 __all__ = ["GradiVeQLayer"]
-
-# Weight of the previous block's sketch when a block starts (its squared
-# singular values are scaled by it): its steps count half as much as the new
-# block's, a quarter in the block after, and so on.
-_BLOCK_MEMORY = 0.5
-
-# Check steps per block (at most; fewer in blocks of fewer than 5 sampling
-# steps): the self-check takes the least share any of them leaves explained.
-_CHECK_STEPS = 3
 
 # The residual sketch of a compressed step (:meth:`GradiVeQLayer.residual_sketch`):
 # at most this many signed groups of slices times signed groups of columns.
 SKETCH_ROWS = 32
 SKETCH_COLUMNS = 32
-
-# Stands for the tensor's name in the parts of GradiVeQLayer._warn.
-_NAME = object()
 
 # The layer's own state variables, by attribute name, in checkpoint order
 # (``residual`` follows with error feedback).
@@ -103,6 +93,9 @@ class GradiVeQLayer(Compressor):
     summable = True
     name = "gradiveq"
     stateful = True
+
+    #: Stands for the tensor's name among the parts of :meth:`warn`.
+    NAME = object()
 
     def __init__(self, config: Compressor):
         self.config = config
@@ -218,8 +211,8 @@ class GradiVeQLayer(Compressor):
         """The seed of the residual sketch's signs (int64 scalar; see :meth:`residual_sketch`)."""
         return tf.constant(self._sketch_seed, tf.int64)
 
-    def _warn(self, *parts: str | object | tf.Tensor) -> tf.Operation:
-        """Prints ``parts`` as one line on stderr, as ``tf.print`` would, ``_NAME`` the name.
+    def warn(self, *parts: str | object | tf.Tensor) -> tf.Operation:
+        """Prints ``parts`` as one line on stderr, as ``tf.print`` would, ``NAME`` the name.
 
         ``tf.print`` quotes string tensors, and the name is one (:meth:`key_text`:
         a tensor in the shared trace of :mod:`.traced`); Python strings print as
@@ -227,7 +220,7 @@ class GradiVeQLayer(Compressor):
         """
         pieces = [
             self.key_text()
-            if part is _NAME
+            if part is self.NAME
             else part
             if isinstance(part, str)
             else tf.strings.format("{}", part)
@@ -340,7 +333,7 @@ class GradiVeQLayer(Compressor):
         if self.residual is None:
             return []
         value = tf.zeros_like(self.residual) if slices is None else tf.reshape(slices, [-1])
-        return _ops(self.residual.assign(value))
+        return update_ops(self.residual.assign(value))
 
     def residual_sketch(
         self, slices: tf.Tensor, coefficients: tf.Tensor, basis: tf.Tensor
@@ -387,12 +380,12 @@ class GradiVeQLayer(Compressor):
         from the residual sketch. Above ``refresh_threshold``, the one that
         ``refresh_on`` names asks the schedule for a new block.
         """
-        dependencies = _ops(self.error.assign(mean_error), self.sum_error.assign(sum_error))
+        dependencies = update_ops(self.error.assign(mean_error), self.sum_error.assign(sum_error))
         if self.config.refresh_threshold is not None:
             measured = sum_error if self.config.refresh_on == "sum" else mean_error
             above = measured > self.config.refresh_threshold
             refresh = self.schedule_.request_refresh(above)
-            dependencies += _ops(refresh) + self._count_quick_refresh(above, measured)
+            dependencies += update_ops(refresh) + self._count_quick_refresh(above, measured)
         return dependencies
 
     def _count_quick_refresh(self, above: tf.Tensor, measured: tf.Tensor) -> list:
@@ -410,9 +403,9 @@ class GradiVeQLayer(Compressor):
         stored = self.quick_refreshes.assign(count)
 
         def say() -> tf.Tensor:
-            printed = self._warn(
+            printed = self.warn(
                 "WARNING: GradiVeQ: the bases fitted for tensor",
-                _NAME,
+                self.NAME,
                 f"do not hold its gradients: {QUICK_REFRESHES} compressed phases in a row ended at "
                 "their first step, whose relative error was",
                 tf.round(measured * 100.0) / 100.0,
@@ -423,7 +416,7 @@ class GradiVeQLayer(Compressor):
             with tf.control_dependencies([printed]):
                 return tf.identity(self.warned_refresh.assign(1))
 
-        with tf.control_dependencies(_ops(stored)):
+        with tf.control_dependencies(update_ops(stored)):
             told = tf.cond(
                 tf.logical_and(
                     tf.equal(self.quick_refreshes.read_value(), QUICK_REFRESHES),
@@ -432,7 +425,7 @@ class GradiVeQLayer(Compressor):
                 say,
                 lambda: self.warned_refresh.read_value(),
             )
-        return _ops(stored) + [told]
+        return update_ops(stored) + [told]
 
     def local_check(self) -> tf.Tensor:
         """This worker's fingerprint pair, to be compared after the aggregation."""
@@ -442,7 +435,7 @@ class GradiVeQLayer(Compressor):
         """Sampling bookkeeping after an aggregation of branch 0; returns ``total``.
 
         Traced once per tensor layout (:mod:`.traced`); the steps are those of
-        :meth:`_record`.
+        :func:`fit.record <tfcompress.compressors.gradiveq.fit.record>`.
         """
         return traced.call(self, "_record", total, agreed)
 
@@ -467,252 +460,7 @@ class GradiVeQLayer(Compressor):
         return branches.decode(self, check, summed, sketch)
 
     def _record(self, total: tf.Tensor, agreed: tf.Tensor) -> tf.Tensor:
-        """The bookkeeping of :meth:`record`.
-
-        Within a block of ``L_t`` sampling steps (``refit_steps`` after the
-        first block), at position ``p``: ``p < L_t - 1`` adds the aggregate's first ``m`` slices to the sketch; the
-        last few of them first check the basis on it (steps the basis has
-        not seen), and ``p = L_t - 2`` then finishes the fit;
-        ``p = L_t - 1`` is the handshake: ``agreed`` tells whether every
-        worker sent the same fingerprint of ``(U, d, valid)``; if not, the
-        block stays exact.
-        """
-        schedule = self.schedule_
-        position = schedule.position()
-        index = tf.where(
-            tf.logical_not(schedule.is_sampling()),
-            0,
-            tf.where(position < schedule.fit_steps(), 1, 2),
-        )
-        done = tf.switch_case(
-            tf.cast(index, tf.int32),
-            [
-                lambda: tf.constant(0, tf.int32),
-                lambda: self._fit_step(total, position),
-                lambda: self._handshake(agreed),
-            ],
-        )
-        with tf.control_dependencies([done]):
-            return tf.identity(total)
-
-    # -- the streaming fit --------------------------------------------------------------------
-
-    def _fit_step(self, total: tf.Tensor, position: tf.Tensor) -> tf.Tensor:
-        """Appends the aggregate's rows to the buffer; folds it into the sketch when full.
-
-        The last ``C = min(3, F - 1)`` fit steps are check steps: each first
-        measures the basis fitted on every step before it (the least share
-        over them is the self-check's, so that one step that happens to look
-        like the past, e.g. a gradient spike, cannot pass a basis alone).
-        From the step before the first of them on, the sketch is folded and
-        made orthonormal at every step; the last one finishes the fit.
-        """
-        m = self.rows_per_sample
-        sampled = self.sampled_rows(total)  # [m, K]: fitted, and measured on check steps
-        fit_steps = self.schedule_.fit_steps()  # fewer in the warm refits after the first block
-        first_check = fit_steps - tf.minimum(tf.constant(_CHECK_STEPS, tf.int64), fit_steps - 1)
-        first = tf.equal(position, 0)
-        checking = position >= first_check
-        measured = tf.cond(
-            checking, lambda: self._explained(sampled), lambda: tf.constant(0.0, tf.float64)
-        )
-        least = tf.where(
-            tf.equal(position, first_check),
-            measured,
-            tf.minimum(tf.cast(self.explained.read_value(), tf.float64), measured),
-        )
-        explained = tf.cond(
-            checking,
-            lambda: _after(_ops(self.explained.assign(tf.cast(least, tf.float32)))),
-            lambda: tf.constant(0, tf.int32),
-        )
-        filled = tf.where(first, 0, self.filled.read_value())
-        # A new block starts from the last one's sketch at a fraction of its
-        # weight (a warm start, as PowerSGD reuses its Q): a few sampling
-        # steps then refine a basis instead of fitting one from nothing, and
-        # old directions fade as the gradients drift. A degenerate sketch
-        # (non-finite samples) is dropped.
-        keep = tf.equal(self.degenerate.read_value(), 0)
-        memory = tf.where(first, tf.where(keep, _BLOCK_MEMORY, 0.0), 1.0)
-        memory = tf.cast(memory, tf.float64)
-        resets = _ops(
-            self.singular.assign(self.singular * tf.sqrt(memory)),
-            self.count.assign(tf.where(memory > 0, self.count, tf.constant(0.0, tf.float64))),
-            self.degenerate.assign(tf.where(first, 0, self.degenerate)),
-        )
-        rows = sampled
-        # Each step's rows at unit norm: the sketch's spectrum then says how
-        # often a direction recurs, not how large one step's gradient was, so
-        # the energy rule does not drop the directions of the quieter steps.
-        # (Divided by the largest magnitude first: the norm of huge but finite
-        # rows would overflow.)
-        rows *= tf.math.divide_no_nan(tf.constant(1.0, rows.dtype), tf.reduce_max(tf.abs(rows)))
-        rows *= tf.math.divide_no_nan(tf.constant(1.0, rows.dtype), tf.norm(rows))
-        with tf.control_dependencies([*resets, explained]):
-            stored = self.buffer[filled : filled + m].assign(rows)
-            filled_now = self.filled.assign(filled + m)
-        ripe = position >= first_check - 1
-        full = tf.logical_or(ripe, filled + m >= self.buffer_rows)
-        with tf.control_dependencies(_ops(stored, filled_now)):
-            folded = tf.cond(full, self._fold, lambda: tf.constant(0, tf.int32))
-        with tf.control_dependencies([folded]):
-            finished = tf.cond(ripe, self._orthonormalise, lambda: tf.constant(0, tf.int32))
-        with tf.control_dependencies([finished]):
-            return tf.cond(
-                tf.equal(position, fit_steps - 1),
-                lambda: self._finish_fit(least),
-                lambda: tf.constant(0, tf.int32),
-            )
-
-    def _orthonormalise(self) -> tf.Tensor:
-        """Makes the sketch's directions exactly orthonormal (``sketch.orthonormalise``)."""
-        rows = sketch.orthonormalise(self.basis.read_value(), self.singular.read_value())
-        with tf.control_dependencies(_ops(self.basis.assign(rows))):
-            return tf.constant(1, tf.int32)
-
-    def _fold(self) -> tf.Tensor:
-        """Folds the buffered rows into the sketch, ``fold_rows`` at a time; empties the buffer."""
-        filled = self.filled.read_value()
-        buffer = self.buffer.read_value()
-        state = sketch.SketchState(
-            self.basis.read_value(), self.singular.read_value(), self.count.read_value()
-        )
-        (basis, singular, n), finite = sketch.fold_in_chunks(state, buffer, filled, self.fold_rows)
-        assigns = [
-            self.basis.assign(basis),
-            self.singular.assign(singular),
-            self.count.assign(n),
-            self.filled.assign(0),
-            self.degenerate.assign(tf.maximum(self.degenerate, tf.cast(~finite, tf.int32))),
-        ]
-        with tf.control_dependencies(_ops(*assigns)):
-            return tf.constant(1, tf.int32)
-
-    def _energy_components(self) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
-        """``d``, its kept share and whether the sketch is usable (``sketch.energy_components``).
-
-        A sketch that folded non-finite rows (``degenerate``) is not usable.
-        """
-        config = self.config
-        return sketch.energy_components(
-            self.singular.read_value(),
-            config.energy_loss,
-            config.components,
-            self.width,
-            usable=tf.equal(self.degenerate.read_value(), 0),
-        )
-
-    def _explained(self, rows: tf.Tensor) -> tf.Tensor:
-        """Share of a fresh aggregate's energy that the current basis explains (float64).
-
-        ``||U_d U_d^T h||^2 / ||h||^2`` over the step's sampled slices ``h``
-        (:meth:`sampled_rows`), with ``d`` from the sketch so far: the self-check of the
-        package docstring. The basis is orthonormal here (see :meth:`_fit_step`).
-        """
-        d, _, _ = self._energy_components()
-        return sketch.explained(rows, self.basis.read_value(), d)
-
-    def _finish_fit(self, explained: tf.Tensor) -> tf.Tensor:
-        """After the last check step: ``d``, and whether the basis may be used for the block."""
-        d, kept, ok = self._energy_components()
-        passed = explained >= self.config.min_explained
-        warn = tf.cond(
-            tf.logical_and(ok, tf.logical_not(passed)),
-            lambda: self._fall_back_unexplained(explained),
-            lambda: tf.constant(0, tf.int32),
-        )
-        error = tf.sqrt(tf.maximum(1.0 - explained, 0.0))
-        assigns = _ops(
-            self.explained.assign(tf.cast(explained, tf.float32)),
-            self.heldout_error.assign(tf.cast(error, tf.float32)),
-        )
-        with tf.control_dependencies([warn, *assigns]):
-            return self._set_fit(tf.logical_and(ok, passed), ok, d, kept)
-
-    def _fall_back_unexplained(self, explained: tf.Tensor) -> tf.Tensor:
-        """Counts a block whose basis failed the self-check; says so once per tensor."""
-
-        def say() -> tf.Tensor:  # built inside the branch: eagerly it would print every time
-            message = self._warn(
-                "WARNING: GradiVeQ: the basis fitted for tensor",
-                _NAME,
-                "explains only",
-                tf.round(explained * 100.0),
-                f"% of the energy of a sampling step it was not fitted on (the least over the "
-                f"last check steps; min_explained = "
-                f"{self.config.min_explained:.0%}); the tensor is aggregated exactly for this "
-                "block and the next block refits (counted in gradiveq_fallbacks; printed once "
-                "per tensor)",
-            )
-            return _after([message])
-
-        printed = tf.cond(
-            tf.equal(self.warned.read_value(), 0), say, lambda: tf.constant(0, tf.int32)
-        )
-        with tf.control_dependencies(
-            [printed, *_ops(self.fallbacks.assign_add(1), self.warned.assign(1))]
-        ):
-            return tf.constant(1, tf.int32)
-
-    def _set_fit(self, valid, ok, d, kept) -> tf.Tensor:
-        """Stores the fit (or the exact fallback) and its fingerprint.
-
-        ``ok``: the sketch is usable (else the samples were degenerate, said
-        once); ``valid``: it is and it passed the self-check.
-        """
-        d = tf.where(valid, d, 0)
-        warn = tf.cond(ok, lambda: tf.constant(0, tf.int32), self._warn_degenerate)
-        valid = tf.cast(valid, tf.int32)
-        assigns = [
-            self.components.assign(d),
-            self.valid.assign(valid),
-            self.kept_energy.assign(tf.where(valid > 0, kept, 0.0)),
-            self.refreshes.assign_add(tf.cast(ok, tf.int64)),
-        ]
-        with tf.control_dependencies([warn, *_ops(*assigns)]):
-            fingerprint = self.fingerprint.assign(
-                handshake.fingerprint(self.basis.read_value(), d, valid, self._modulus)
-            )
-        with tf.control_dependencies(_ops(fingerprint)):
-            return tf.constant(1, tf.int32)
-
-    def _handshake(self, agreed: tf.Tensor) -> tf.Tensor:
-        """Keeps the fit if every worker has the same one; else this block stays exact."""
-
-        def fall_back() -> tf.Tensor:
-            message = self._warn(
-                "WARNING: GradiVeQ: the workers fitted different bases for tensor",
-                _NAME,
-                "(their fingerprints differ); this block is aggregated exactly and the next "
-                "one refits (counted in gradiveq_mismatches; printed once per tensor)",
-            )
-            printed = tf.cond(
-                tf.equal(self.warned.read_value(), 0),
-                lambda: _after([message]),
-                lambda: tf.constant(0, tf.int32),
-            )
-            assigns = [
-                self.valid.assign(0),
-                self.components.assign(0),
-                # Different sketches must not seed the next block's warm start.
-                self.singular.assign(tf.zeros_like(self.singular)),
-                self.count.assign(tf.constant(0.0, tf.float64)),
-                self.fingerprint.assign(tf.zeros([2], tf.float32)),
-                self.mismatches.assign_add(1),
-                self.warned.assign(1),
-            ]
-            with tf.control_dependencies([printed, *_ops(*assigns)]):
-                return tf.constant(1, tf.int32)
-
-        return tf.cond(agreed, lambda: tf.constant(0, tf.int32), fall_back)
-
-    def _warn_degenerate(self) -> tf.Tensor:
-        printed = self._warn(
-            "WARNING: GradiVeQ: the sampled gradients of tensor",
-            _NAME,
-            "are degenerate (all zero or not finite); it stays exact for this block",
-        )
-        return _after([printed])
+        return fit.record(self, total, agreed)
 
     def agreed_in_sum(self, summed_check: tf.Tensor) -> tf.Tensor:
         """Whether a summed fingerprint pair equals ``N`` times the local one (bool)."""
@@ -726,16 +474,3 @@ def _fold(x: tf.Tensor, groups: int) -> tf.Tensor:
     n = tf.shape(x)[0]
     padded = tf.pad(x, [[0, (-n) % groups], [0, 0]])
     return tf.reduce_sum(tf.reshape(padded, [-1, groups, tf.shape(x)[1]]), axis=0)
-
-
-def _after(operations: list) -> tf.Tensor:
-    """An int32 constant that runs after ``operations`` (for ``tf.cond`` branches)."""
-    with tf.control_dependencies([o for o in operations if o is not None]):
-        return tf.constant(1, tf.int32)
-
-
-def _ops(*results) -> list:
-    """Control inputs for the results of variable updates (nothing when eager)."""
-    if tf.executing_eagerly():
-        return []
-    return [r.op if isinstance(r, tf.Variable) else r for r in results]
