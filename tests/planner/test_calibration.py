@@ -119,5 +119,10 @@ def test_a_real_calibration_with_a_tiny_budget(cache):
     assert costs.decode_per_payload_element == 0  # summable: one decode of the sum
     topk = found.costs_of(TopK(ratio=0.01))
     assert topk.encode_seconds(1 << 20) > topk.encode_seconds(4096) > 0
-    assert topk.decode_seconds(1 << 20, 4) > topk.decode_seconds(1 << 20, 2)
+    # Decoding more payloads never costs less. Not asserted strictly: a TopK
+    # payload of 1% adds 1% of the dense decode's work, within the timing
+    # noise of a loaded machine (the fit then keeps 0, CI saw equal costs);
+    # test_the_fits checks that a measured slope is kept.
+    assert topk.decode_per_payload_element >= 0
+    assert topk.decode_seconds(1 << 20, 4) >= topk.decode_seconds(1 << 20, 2)
     assert 0 < found.seconds < 30
