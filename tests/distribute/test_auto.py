@@ -117,6 +117,117 @@ def test_bad_auto_inputs_give_clear_errors(stated_costs):
         distribute_auto.auto_rules("auto").select(tf.zeros([64, 64]))
 
 
+@pytest.fixture
+def link(monkeypatch):
+    """The probe's answer, set by the test: ``link["rate"]`` bits/s, 0.1 ms per message."""
+    measured = {"rate": 1e12, "probes": 0}
+
+    def probe(strategy):
+        measured["probes"] += 1
+        return measured["rate"], 1e-4
+
+    monkeypatch.setattr(distribute_auto, "probe_link", probe)
+    return measured
+
+
+def test_replan_plans_anew_only_when_the_link_moves_by_the_factor(stated_costs, link):
+    link["rate"] = 10e6
+    strategy = tfcompress.distribute.MirroredStrategy(DEVICES, compression="auto")
+    sum_step(strategy)
+    plan = plan_of(strategy)
+    assert plan.bandwidth == 10e6 and plan.choices["float32[512, 512]"].label != "none"
+    link["rate"] = 15e6  # 1.5x: within the factor, the plan stays
+    assert tfcompress.distribute.replan(strategy) is False
+    assert plan_of(strategy) is plan
+    link["rate"] = 1e12  # bytes are free: plan again, everything exact
+    probes = link["probes"]
+    assert tfcompress.distribute.replan(strategy, factor=4) is True
+    assert link["probes"] == probes + 1  # the new plan takes the probe it was decided on
+    fresh = plan_of(strategy)
+    assert fresh is not plan and fresh.bandwidth == 1e12 and not fresh.choices
+    tfcompress.distribute.reset_traffic_stats(strategy)
+    big, kernel, bias = sum_step(strategy)  # a new trace plans from the new link
+    assert {c.label for c in plan_of(strategy).choices.values()} == {"none"}
+    want = [np.sin(np.arange(np.prod(s), dtype=np.float32)).reshape(s) * 3 for s in SHAPES]
+    for got, expected in zip((big, kernel, bias), want, strict=True):
+        np.testing.assert_allclose(got[0], expected, rtol=1e-6)
+    stats = tfcompress.distribute.traffic_stats(strategy)
+    assert stats["bytes_sent"] == stats["bytes_uncompressed"]
+
+
+def test_replan_refuses_what_it_cannot_measure(stated_costs, link):
+    with pytest.raises(ValueError, match="compression='auto', not QSGD"):
+        tfcompress.distribute.replan(tfcompress.distribute.MirroredStrategy(DEVICES, "qsgd"))
+    given = tfcompress.distribute.MirroredStrategy(
+        DEVICES, compression=tfcompress.planner.auto(bandwidth="100mbit")
+    )
+    with pytest.raises(ValueError, match=r"auto\(bandwidth='100mbit'\) was given"):
+        tfcompress.distribute.replan(given)
+    measured = tfcompress.distribute.MirroredStrategy(DEVICES, compression="auto")
+    for factor in (1, 0.5, True, "2"):
+        with pytest.raises(ValueError, match=r"replan\(factor="):
+            tfcompress.distribute.replan(measured, factor=factor)
+    for bad in ({"every_steps": 0}, {"factor": 1.0}):
+        with pytest.raises(ValueError, match="AutoReplan"):
+            tfcompress.keras.AutoReplan(**bad)
+
+
+def test_fit_with_auto_replan_moves_to_compression_when_the_link_slows(
+    stated_costs, link, tmp_path
+):
+    """model.fit (Keras 3) over 2 logical CPUs: bytes free at first (exact), a link of
+    1 Mbit/s from step 3: the callback's probe after step 4 plans compression and the
+    steps after it compress; the loss keeps falling."""
+    import keras
+
+    keras.utils.set_random_seed(0)
+    strategy = tfcompress.distribute.MirroredStrategy(DEVICES, compression="auto")
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(256, 64)).astype("float32")
+    y = (x @ rng.normal(size=(64, 4))).argmax(axis=1)
+    with strategy.scope():
+        model = keras.Sequential(
+            [keras.Input((64,)), keras.layers.Dense(256, activation="relu"), keras.layers.Dense(4)]
+        )
+        model.compile(
+            optimizer=keras.optimizers.SGD(0.05),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        )
+
+    class SlowLink(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if batch == 2:
+                link["rate"] = 1e6
+
+    replan = tfcompress.keras.AutoReplan(every_steps=2)
+    history = model.fit(x, y, batch_size=32, epochs=2, verbose=0, callbacks=[SlowLink(), replan])
+    assert replan.replans == 1
+    plan = plan_of(strategy)
+    assert plan.bandwidth == 1e6
+    assert any(c.label != "none" for c in plan.choices.values())
+    stats = tfcompress.distribute.traffic_stats(strategy)
+    assert stats["bytes_sent"] < 0.8 * stats["bytes_uncompressed"]
+    losses = history.history["loss"]
+    assert np.isfinite(losses).all() and losses[-1] < losses[0], losses
+    # The new plan's state (error memories of its compressors) is the strategy's,
+    # tracked by the model's checkpoints: saved, then restored over zeros.
+    state = tfcompress.distribute.compression_state(strategy)
+    variables = state.variables
+    assert variables
+    before = [v.numpy() for v in variables]
+    assert any(np.any(b != 0) for b in before)
+    saved = tf.train.Checkpoint(model=model).save(str(tmp_path / "model"))
+    names = [name for name, _ in tf.train.list_variables(saved)]
+    assert any(name.startswith("model/tfcompress_compression_state/") for name in names), names
+    checkpoint = tf.train.Checkpoint(state=state)
+    saved = checkpoint.save(str(tmp_path / "state"))
+    for v in variables:
+        v.assign(tf.zeros_like(v))
+    checkpoint.restore(saved)
+    for v, b in zip(variables, before, strict=True):
+        np.testing.assert_array_equal(v.numpy(), b)
+
+
 def test_share_inputs_on_one_worker_keeps_them_and_restricts_the_costs():
     strategy = tfcompress.distribute.MirroredStrategy(DEVICES)
     rules = distribute_auto.auto_rules("auto")
@@ -133,7 +244,8 @@ def test_share_inputs_on_one_worker_keeps_them_and_restricts_the_costs():
 @pytest.mark.timeout(300)
 def test_two_workers_with_different_links_and_calibrations_make_one_plan(tmp_path):
     """Worker 1 is told a 100x faster link and calibrates 1000x slower: both plan as
-    worker 0's costs at the slower link say, and their sums agree."""
+    worker 0's costs at the slower link say, and their sums agree. Then a measured
+    link that moves differently on each worker: both re-plan from the slower."""
     from tests.multiworker import run_workers  # noqa: PLC0415
 
     run_workers("auto_worker.py", ["--out", str(tmp_path)], timeout=240)
@@ -144,3 +256,9 @@ def test_two_workers_with_different_links_and_calibrations_make_one_plan(tmp_pat
     assert labels["float32[512, 512]"] != "none", w0["plan_text"]
     assert w0["digests"] == w1["digests"]
     assert w0["stats"]["bytes_sent"] < w0["stats"]["bytes_uncompressed"]
+    r0, r1 = w0["replanned"], w1["replanned"]
+    assert r0["measured_at"] == r1["measured_at"] == 10e9
+    assert r0["did"] is r1["did"] is True
+    assert r0["plan"] == r1["plan"] and r0["plan"]["bandwidth"] == 1e6
+    assert any(c["label"] != "none" for c in r0["plan"]["choices"]), r0["plan"]
+    assert r0["digests"] == r1["digests"]

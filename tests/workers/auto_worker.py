@@ -8,7 +8,11 @@ slower (what a slow, busy machine would measure). Each builds
 ``MultiWorkerMirroredStrategy(compression=auto(bandwidth=...))``, sums three
 gradients (a large matrix, a small conv kernel, a bias) twice, and writes
 DIR/worker<i>.json: the plan (text and values), the sums' digests and the
-compressors bound per tensor.
+compressors bound per tensor. Then the same strategy is set to ``"auto"``
+with a measured link, the probe answering worker 0 10 Gbit/s and worker 1
+20 Gbit/s (the plan takes 10), then worker 0 1 Mbit/s and worker 1 10 Gbit/s:
+``replan`` must plan anew on both from the slower, 1 Mbit/s; the sums after
+it go in ``replanned`` (did it, the new plan, the digests).
 """
 
 import argparse
@@ -53,11 +57,31 @@ def step(seed):
     return strategy.run(replica_fn)
 
 
-digests = []
-for seed in range(2):
-    sums = step(tf.constant(seed))
-    digests.append(hashlib.sha256(b"".join(np.asarray(s).tobytes() for s in sums)).hexdigest())
+def digests_of(function, seeds):
+    found = []
+    for seed in seeds:
+        sums = function(tf.constant(seed))
+        found.append(hashlib.sha256(b"".join(np.asarray(s).tobytes() for s in sums)).hexdigest())
+    return found
+
+
+digests = digests_of(step, range(2))
 plan = distribute_auto.plan_of(strategy)
+stats = tfcompress.distribute.traffic_stats(strategy)
+
+# Re-planning: each worker's probe answers what this run says, in turn.
+answers = iter([(10e9, 1e-4), (1e6, 1e-4)] if task == 0 else [(20e9, 1e-4), (10e9, 1e-5)])
+distribute_auto.probe_link = lambda strategy: next(answers)
+tfcompress.distribute.set_compression(strategy, "auto")
+measured_at = distribute_auto.plan_of(strategy).bandwidth
+did = tfcompress.distribute.replan(strategy)
+again = tf.function(step.python_function)  # a new trace takes the new plan
+replanned = {
+    "did": did,
+    "measured_at": measured_at,
+    "digests": digests_of(again, range(2, 4)),
+}
+replanned["plan"] = distribute_auto.plan_of(strategy).as_dict()
 with open(os.path.join(args.out, f"worker{task}.json"), "w") as f:
     json.dump(
         {
@@ -65,7 +89,8 @@ with open(os.path.join(args.out, f"worker{task}.json"), "w") as f:
             "plan": plan.as_dict(),
             "digests": digests,
             "metrics": tfcompress.distribute.compression_metrics(strategy),
-            "stats": tfcompress.distribute.traffic_stats(strategy),
+            "stats": stats,
+            "replanned": replanned,
         },
         f,
     )

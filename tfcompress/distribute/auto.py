@@ -42,7 +42,15 @@ from tfcompress.planner.autoplan import Auto, Plan, timed_compressors
 from tfcompress.planner.calibration import Calibration, CompressorCosts, calibrate
 from tfcompress.planner.link import MAX_RATE, MIN_RATE, format_rate, latency_seconds
 
-__all__ = ["AutoRules", "auto_rules", "plan_of", "probe_link", "share_inputs"]
+__all__ = [
+    "AutoRules",
+    "auto_rules",
+    "link_moved",
+    "plan_of",
+    "probe_link",
+    "share_inputs",
+    "shared_link",
+]
 
 _log = logging.getLogger(__name__)
 
@@ -96,18 +104,34 @@ class AutoRules(CompressionRules):
 
     # -- shared inputs ----------------------------------------------------------------------
 
-    def prepare(self, strategy, policy: CompressionPolicy, aggregation: Aggregation) -> Plan:
+    def prepare(
+        self,
+        strategy,
+        policy: CompressionPolicy,
+        aggregation: Aggregation,
+        link: tuple[float, float] | None = None,
+    ) -> Plan:
         """Measures or takes the link, calibrates, and shares the inputs across workers.
 
         A collective on a multi-worker strategy: every worker calls it
-        eagerly at the same point (the factories and ``set_compression`` do).
+        eagerly at the same point (the factories, ``set_compression`` and
+        ``replan`` do).
+
+        Args:
+          strategy: the strategy these rules aggregate for.
+          policy: its compression policy (which tensors are planned).
+          aggregation: its aggregation settings.
+          link: ``(bits/s, seconds per message)`` just measured and shared
+            (:func:`shared_link`); ``None``: the options' or a new probe's.
 
         Returns:
           The (empty) plan, with the shared link.
         """
         workers = strategy.num_replicas_in_sync
         rate, alpha = self.options.rate, self.options.latency
-        if rate is None and workers > 1:
+        if link is not None:
+            rate, alpha = link
+        elif rate is None and workers > 1:
             rate, measured_alpha = probe_link(strategy)
             alpha = measured_alpha if alpha is None else alpha
         rate = float(MAX_RATE) if rate is None else rate
@@ -124,7 +148,11 @@ class AutoRules(CompressionRules):
             workers,
             format_rate(rate),
             alpha * 1e3,
-            "given" if self.options.bandwidth is not None else "measured by a probe",
+            "given"
+            if self.options.bandwidth is not None
+            else "measured by a probe"
+            if link is None
+            else "measured again",
         )
         return self.plan
 
@@ -283,6 +311,28 @@ def probe_link(strategy) -> tuple[float, float]:
         alpha * 1e3,
     )
     return rate, alpha
+
+
+def shared_link(strategy) -> tuple[float, float]:
+    """The link every worker plans from now: a new probe, least rate and greatest latency.
+
+    A collective on a multi-worker strategy (:func:`probe_link` on every
+    worker, then one gather of two float64 per replica, as int64 bits: exact).
+    """
+    rate, alpha = probe_link(strategy)
+    if internal.num_workers(strategy) > 1:
+        values = np.array([[rate, alpha]], np.float64)
+        bits = strategy.gather(
+            strategy.run(lambda: tf.constant(values.view(np.int64))), axis=0
+        ).numpy()
+        rows = bits.view(np.float64)
+        rate, alpha = float(rows[:, 0].min()), float(rows[:, 1].max())
+    return rate, alpha
+
+
+def link_moved(planned: float, measured: float, factor: float) -> bool:
+    """Whether a measured rate is ``factor`` times above or below the planned one."""
+    return max(measured / planned, planned / measured) >= factor
 
 
 def share_inputs(

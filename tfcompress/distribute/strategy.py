@@ -21,7 +21,13 @@ from tfcompress.compressors import registry
 from tfcompress.compressors.base import Compressor
 from tfcompress.distribute import keras3_multiworker
 from tfcompress.distribute.aggregation import Aggregation, supports_two_stage
-from tfcompress.distribute.auto import AutoRules, auto_rules, plan_metrics
+from tfcompress.distribute.auto import (
+    AutoRules,
+    auto_rules,
+    link_moved,
+    plan_metrics,
+    shared_link,
+)
 from tfcompress.distribute.checkpointing import CompressionState
 from tfcompress.distribute.cross_device_ops import (
     CompressingCollectiveAllReduce,
@@ -37,6 +43,7 @@ from tfcompress.distribute.settings import (
     worker_settings_text,
 )
 from tfcompress.planner.autoplan import Auto
+from tfcompress.planner.link import format_rate
 
 _log = logging.getLogger(__name__)
 
@@ -50,6 +57,7 @@ __all__ = [
     "compression_state",
     "handle_of",
     "is_compressed_strategy",
+    "replan",
     "reset_traffic_stats",
     "set_compression",
     "traffic_stats",
@@ -293,6 +301,73 @@ def set_compression(
     handle.set_compressor(compressor, aggregation)
     _say_when_two_stage_does_not_apply(handle)
     _prepare_auto(strategy, handle)
+
+
+def replan(strategy, *, factor: float = 2.0) -> bool:
+    """Measures the link again; plans ``compression="auto"`` anew if its rate moved.
+
+    Every worker probes its link (the probe of strategy creation, about a
+    second) and all take the least rate and the greatest latency, as at
+    creation. When that rate is ``factor`` times above or below the one the
+    current plan was made for, the plan is made again from it (fresh
+    rules, as :func:`set_compression` to ``"auto"`` would make, without a
+    second probe) and ``True`` is returned; else the plan stays. The
+    decision is a function of the shared rate, so every worker takes it.
+
+    Like :func:`set_compression`: a collective (every worker calls it,
+    eagerly, between the same two steps); functions traced before keep the
+    plan they were traced with, so trace new ones when it returns ``True``
+    (Keras: ``model.make_train_function(force=True)``, as
+    :class:`tfcompress.keras.callbacks.AutoReplan` does); the per-tensor state
+    of the old plan's compressors is dropped, and the new plan's is built,
+    checkpointed and restored like any compressor's.
+
+    Args:
+      strategy: a tfcompress strategy made with ``compression="auto"`` (or
+        ``auto(...)``) without a given ``bandwidth``.
+      factor: how far the rate must move (> 1): 2 re-plans at half or
+        twice the planned rate.
+
+    Returns:
+      Whether the plan was made again.
+
+    Raises:
+      ValueError: the strategy does not plan with ``"auto"``, its bandwidth
+        was given (there is nothing to measure: ``set_compression`` to a new
+        ``auto(bandwidth=...)``), or ``factor <= 1``.
+    """
+    handle = _handle(strategy)
+    rules = handle.compressor
+    if not isinstance(rules, AutoRules):
+        raise ValueError(f"replan needs a strategy made with compression='auto', not {rules!r}")
+    if isinstance(factor, bool) or not isinstance(factor, int | float) or not factor > 1:
+        raise ValueError(f"replan(factor={factor!r}) must be a number > 1")
+    if rules.options.rate is not None:
+        raise ValueError(
+            "replan measures the link, but this strategy's auto(bandwidth="
+            f"{rules.options.bandwidth!r}) was given: set_compression(strategy, "
+            "auto(bandwidth=...)) plans for a new one"
+        )
+    planned = rules.plan.bandwidth
+    rate, alpha = shared_link(strategy)
+    if not link_moved(planned, rate, factor):
+        _log.info(
+            "tfcompress auto: the link measures %s, planned for %s: the plan stays",
+            format_rate(rate),
+            format_rate(planned),
+        )
+        return False
+    fresh = AutoRules(rules.options)
+    handle.set_compressor(fresh, handle.aggregation)
+    fresh.prepare(strategy, handle.policy, handle.aggregation, link=(rate, alpha))
+    _log.warning(
+        "tfcompress auto: the link moved from %s to %s (a factor of %g or more): "
+        "compression is planned anew at the next trace",
+        format_rate(planned),
+        format_rate(rate),
+        factor,
+    )
+    return True
 
 
 def check_settings(strategy, extra: Mapping[str, object] | None = None) -> None:

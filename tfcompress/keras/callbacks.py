@@ -27,10 +27,10 @@ import tensorflow as tf
 
 from tfcompress import _internal as internal
 from tfcompress import distribute
-from tfcompress.keras.schedule import CompressionSchedule
+from tfcompress.keras.schedule import AutoReplan, CompressionSchedule
 from tfcompress.keras.state import strategy_of, tfcompress_strategy_of, track_compression_state
 
-__all__ = ["COMPACT_FIGURES", "CompressionMonitor", "CompressionSchedule"]
+__all__ = ["COMPACT_FIGURES", "AutoReplan", "CompressionMonitor", "CompressionSchedule"]
 
 #: Counters of ``tfcompress.distribute.traffic_stats`` the monitor turns into rates.
 _COUNTERS = (

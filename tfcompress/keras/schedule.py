@@ -1,4 +1,4 @@
-"""CompressionSchedule: uncompressed warm-up and compressor changes during ``fit``."""
+"""Compressor changes during ``fit``: CompressionSchedule (a plan of phases), AutoReplan (the link)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ import keras
 from tfcompress import _internal as internal
 from tfcompress import distribute
 from tfcompress.compressors import Compressor, Identity, Switch, registry
+from tfcompress.distribute.auto import AutoRules
 from tfcompress.keras.state import tfcompress_strategy_of, track_compression_state
 
-__all__ = ["CompressionSchedule", "PhasePlan"]
+__all__ = ["AutoReplan", "CompressionSchedule", "PhasePlan"]
 
 _UNITS = ("epoch", "step")
 
@@ -212,3 +213,86 @@ class CompressionSchedule(internal.TfKerasCallbackHooks, keras.callbacks.Callbac
     def on_train_batch_begin(self, batch, logs=None):
         if self.unit == "step":
             self._apply(int(self.model.optimizer.iterations.numpy()))
+
+
+class AutoReplan(internal.TfKerasCallbackHooks, keras.callbacks.Callback):
+    """Plans ``compression="auto"`` anew during ``fit`` when the link's rate moves.
+
+    Every ``every_steps`` training steps of a ``fit`` (counted by the
+    callback, the same on every worker), every worker probes its link and
+    :func:`tfcompress.distribute.replan` compares the slowest worker's rate
+    with the one the plan was made for: at ``factor`` times above or below
+    it, the plan is made again from the new rate and the training step is
+    traced anew (``model.make_train_function(force=True)``), so a shared link
+    that slows down (other jobs, a degraded port) or frees up moves the plan
+    towards more or less compression. A probe costs about a second
+    (:func:`tfcompress.distribute.auto.probe_link`); pick ``every_steps`` so
+    that it stays a small part of the time between probes. A new plan drops
+    the per-tensor state of the old plan's compressors (error memories start
+    from zero) and builds the new plan's, which checkpoints track as before.
+
+    Attaching the callback is a collective (``fit`` attaches it on every
+    worker): its options are compared across workers.
+
+    Args:
+      every_steps: training steps between probes (>= 1).
+      factor: how far the rate must move to re-plan (> 1).
+
+    Attributes:
+      replans: how many times the plan was made again.
+
+    Raises:
+      ValueError: a bad option, or (when training starts) a strategy that
+        does not plan with ``"auto"`` or whose ``auto(bandwidth=...)`` was given.
+
+    Example::
+
+        strategy = tfcompress.distribute.MultiWorkerMirroredStrategy(compression="auto")
+        ...
+        model.fit(data, epochs=10, callbacks=[
+            tfcompress.keras.callbacks.AutoReplan(every_steps=500)])
+    """
+
+    def __init__(self, every_steps: int = 500, factor: float = 2.0):
+        super().__init__()
+        if isinstance(every_steps, bool) or not isinstance(every_steps, int) or every_steps < 1:
+            raise ValueError(f"AutoReplan(every_steps={every_steps!r}) must be an int >= 1")
+        if isinstance(factor, bool) or not isinstance(factor, int | float) or not factor > 1:
+            raise ValueError(f"AutoReplan(factor={factor!r}) must be a number > 1")
+        self.every_steps = every_steps
+        self.factor = float(factor)
+        self.replans = 0
+        self._steps = 0
+        self._strategy = None
+
+    def set_model(self, model):
+        super().set_model(model)
+        strategy = tfcompress_strategy_of(model, "AutoReplan")
+        rules = distribute.compression_of(strategy)
+        if not isinstance(rules, AutoRules):
+            raise ValueError(
+                f"AutoReplan needs a strategy made with compression='auto', not {rules!r}"
+            )
+        if rules.options.rate is not None:
+            raise ValueError(
+                f"AutoReplan measures the link, but the strategy's auto(bandwidth="
+                f"{rules.options.bandwidth!r}) was given"
+            )
+        distribute.check_settings(
+            strategy,
+            extra={"auto_replan.every_steps": self.every_steps, "auto_replan.factor": self.factor},
+        )
+        track_compression_state(model, strategy)
+        self._strategy = strategy
+
+    def on_train_begin(self, logs=None):
+        self._steps = 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._steps += 1
+        if self._steps % self.every_steps:
+            return
+        if distribute.replan(self._strategy, factor=self.factor):
+            self.replans += 1
+            track_compression_state(self.model, self._strategy)
+            self.model.make_train_function(force=True)

@@ -49,9 +49,10 @@ Candidates: ``accuracy="safe"`` is :func:`~tfcompress.planner.candidates.safe_ca
 ``"aggressive"`` adds QSGD 2-bit, PowerSGD rank 1 and ErrorFeedback(TopK 0.1%),
 which compress more at some cost in accuracy.
 
-Not done: re-planning when the measured bandwidth changes during training
-(the plan is made once per shape; ``tfcompress.distribute.set_compression(strategy,
-"auto")`` between steps measures again and plans anew).
+Re-planning: a plan is made once per shape, for the link measured when it
+was made; ``tfcompress.distribute.replan(strategy)`` (and, during ``fit``,
+``tfcompress.keras.AutoReplan``) measures again and plans anew when the
+shared rate has moved by a factor.
 """
 
 from __future__ import annotations
