@@ -375,8 +375,15 @@ def kernel_op(name: str) -> Callable[..., Any]:
     Args:
         name: the op's name without prefix, e.g. ``"PackBits"``.
     """
+    import tensorflow as tf
+
     # TensorFlow's generated wrappers spell ">" as "_": TFCompress_PackBits.
-    return getattr(load_library(), op_name(name).replace(">", "_"))
+    wrapper = getattr(load_library(), op_name(name).replace(">", "_"))
+    # AutoGraph converts what a converted function calls, but these wrappers
+    # are built from generated code without a source file: it would fail to
+    # read them and warn "could not transform" for every op of every trace
+    # (TensorFlow's own generated wrappers are on its do-not-convert list).
+    return tf.autograph.experimental.do_not_convert(wrapper)
 
 
 def _caller_level() -> int:
