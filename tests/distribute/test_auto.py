@@ -145,6 +145,7 @@ def test_replan_plans_anew_only_when_the_link_moves_by_the_factor(stated_costs, 
     assert link["probes"] == probes + 1  # the new plan takes the probe it was decided on
     fresh = plan_of(strategy)
     assert fresh is not plan and fresh.bandwidth == 1e12 and not fresh.choices
+    assert fresh.latency == 1e-4  # the probe's (a given latency option would win)
     tfcompress.distribute.reset_traffic_stats(strategy)
     big, kernel, bias = sum_step(strategy)  # a new trace plans from the new link
     assert {c.label for c in plan_of(strategy).choices.values()} == {"none"}

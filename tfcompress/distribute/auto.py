@@ -122,7 +122,8 @@ class AutoRules(CompressionRules):
           policy: its compression policy (which tensors are planned).
           aggregation: its aggregation settings.
           link: ``(bits/s, seconds per message)`` just measured and shared
-            (:func:`shared_link`); ``None``: the options' or a new probe's.
+            (:func:`shared_link`; a given ``latency`` option still wins);
+            ``None``: the options' or a new probe's.
 
         Returns:
           The (empty) plan, with the shared link.
@@ -130,7 +131,8 @@ class AutoRules(CompressionRules):
         workers = strategy.num_replicas_in_sync
         rate, alpha = self.options.rate, self.options.latency
         if link is not None:
-            rate, alpha = link
+            rate, measured_alpha = link
+            alpha = measured_alpha if alpha is None else alpha
         elif rate is None and workers > 1:
             rate, measured_alpha = probe_link(strategy)
             alpha = measured_alpha if alpha is None else alpha
