@@ -127,7 +127,10 @@ for number, run in enumerate(runs):
     tfcompress.distribute.reset_traffic_stats(strategy)
     history = model.fit(dataset, epochs=1, verbose=2)
     stats = tfcompress.distribute.traffic_stats(strategy)
-    logits = model.predict(x_test, batch_size=500, verbose=0)
+    # Called directly, not model.predict: under MultiWorkerMirroredStrategy
+    # tf-keras' predict runs collectives between the workers and can wait tens
+    # of seconds with both cores idle (gradiveq_worker.py says more).
+    logits = model(x_test, training=False).numpy()
     accuracy = float(np.mean(np.argmax(logits, axis=1) == y_test))
     results[run] = {
         "accuracy": accuracy,

@@ -168,7 +168,11 @@ for run in runs:
     # the warm-up (warmup_steps > 0), branch 0.
     phases = [0] + recorder.next_phase[:-1]
     if args.mode == "fit":
-        logits = model.predict(x_test, verbose=0)
+        # Called directly, not model.predict: under MultiWorkerMirroredStrategy
+        # tf-keras' predict runs collectives between the workers and waited
+        # 20-50 s per call here with both cores idle (py-spy: the main thread
+        # in predict); the model's variables are the same on every worker.
+        logits = model(x_test, training=False).numpy()
         summaries[run] = {
             "accuracy": float(np.mean(np.argmax(logits, axis=1) == y_test)),
             "loss": float(history.history["loss"][-1]),
