@@ -323,13 +323,16 @@ def shared_link(strategy) -> tuple[float, float]:
     """
     rate, alpha = probe_link(strategy)
     if internal.num_workers(strategy) > 1:
-        values = np.array([[rate, alpha]], np.float64)
-        bits = strategy.gather(
-            strategy.run(lambda: tf.constant(values.view(np.int64))), axis=0
-        ).numpy()
-        rows = bits.view(np.float64)
+        rows = _gather_rows(strategy, [rate, alpha])
         rate, alpha = float(rows[:, 0].min()), float(rows[:, 1].max())
     return rate, alpha
+
+
+def _gather_rows(strategy, row: list[float]) -> np.ndarray:
+    """Every replica's ``row`` of float64, gathered exactly (as int64 bits): ``[replicas, len]``."""
+    values = np.array([row], np.float64)
+    bits = strategy.gather(strategy.run(lambda: tf.constant(values.view(np.int64))), axis=0)
+    return bits.numpy().view(np.float64)
 
 
 def link_moved(planned: float, measured: float, factor: float) -> bool:
@@ -358,10 +361,7 @@ def share_inputs(
         row += [getattr(costs, field) for field in _COST_FIELDS]
     values = np.array([row], np.float64)
     if internal.num_workers(strategy) > 1:
-        bits = strategy.gather(
-            strategy.run(lambda: tf.constant(values.view(np.int64))), axis=0
-        ).numpy()
-        rows = bits.view(np.float64)
+        rows = _gather_rows(strategy, row)
         rate, latency = float(rows[:, 0].min()), float(rows[:, 1].max())
         values = rows[:1]
     costs = {

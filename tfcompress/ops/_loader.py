@@ -78,6 +78,9 @@ _OP_PREFIX = "TFCompress>"
 _lock = threading.RLock()
 _override: str | None = None
 _library: types.ModuleType | None = None
+# The op wrappers of the loaded library (by its id, with the library itself so
+# that an id is never taken for another's), marked for AutoGraph once (kernel_op).
+_marked: dict[int, tuple[Any, dict[str, Callable[..., Any]]]] = {}
 _library_path: pathlib.Path | None = None
 _library_error: Exception | None = None
 _fallback_warned = False
@@ -372,18 +375,29 @@ def _left_out_for(kernel: str) -> _build.LeftOut | None:
 def kernel_op(name: str) -> Callable[..., Any]:
     """Returns the Python wrapper that ``tf.load_op_library`` generated for an op.
 
+    Marked ``do_not_convert`` for AutoGraph (once per op and library).
+
     Args:
         name: the op's name without prefix, e.g. ``"PackBits"``.
     """
-    import tensorflow as tf
+    library = load_library()
+    entry = _marked.get(id(library))
+    if entry is None or entry[0] is not library:
+        entry = _marked[id(library)] = (library, {})
+    wrappers = entry[1]
+    wrapper = wrappers.get(name)
+    if wrapper is None:
+        import tensorflow as tf
 
-    # TensorFlow's generated wrappers spell ">" as "_": TFCompress_PackBits.
-    wrapper = getattr(load_library(), op_name(name).replace(">", "_"))
-    # AutoGraph converts what a converted function calls, but these wrappers
-    # are built from generated code without a source file: it would fail to
-    # read them and warn "could not transform" for every op of every trace
-    # (TensorFlow's own generated wrappers are on its do-not-convert list).
-    return tf.autograph.experimental.do_not_convert(wrapper)
+        # TensorFlow's generated wrappers spell ">" as "_": TFCompress_PackBits.
+        generated = getattr(library, op_name(name).replace(">", "_"))
+        # AutoGraph converts what a converted function calls, but these wrappers
+        # are built from generated code without a source file: it would fail to
+        # read them and warn "could not transform" for every op of every trace
+        # (TensorFlow's own generated wrappers are on its do-not-convert list).
+        # Marked once per op: eagerly this runs at every call of the op.
+        wrapper = wrappers[name] = tf.autograph.experimental.do_not_convert(generated)
+    return wrapper
 
 
 def _caller_level() -> int:

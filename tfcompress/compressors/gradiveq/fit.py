@@ -3,9 +3,9 @@
 A block's sampling steps are bookkept here, one function per stage, each
 taking the :class:`~tfcompress.compressors.gradiveq.layer.GradiVeQLayer`
 whose state it reads and writes: :func:`record` dispatches a step to
-:func:`fit_step` (buffer the aggregate's rows, fold them into the sketch,
-measure the basis on the check steps, :func:`finish_fit` on the last) or
-to :func:`handshake_step` (keep the fit only if every worker fitted the
+``_fit_step`` (buffer the aggregate's rows, fold them into the sketch,
+measure the basis on the check steps, ``_finish_fit`` on the last) or
+to ``_handshake_step`` (keep the fit only if every worker fitted the
 same). The maths on plain tensors is in
 :mod:`~tfcompress.compressors.gradiveq.sketch` (fold, orthonormalise,
 energy rule, explained share) and
@@ -16,10 +16,15 @@ The algorithm is in the package docstring (:mod:`tfcompress.compressors.gradiveq
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import tensorflow as tf
 
 from tfcompress.compressors.gradiveq import handshake, sketch
 from tfcompress.compressors.state import after, update_ops
+
+if TYPE_CHECKING:  # the layer imports this module
+    from tfcompress.compressors.gradiveq.layer import GradiVeQLayer
 
 __all__ = ["record"]
 
@@ -33,7 +38,7 @@ _BLOCK_MEMORY = 0.5
 _CHECK_STEPS = 3
 
 
-def record(layer, total: tf.Tensor, agreed: tf.Tensor) -> tf.Tensor:
+def record(layer: GradiVeQLayer, total: tf.Tensor, agreed: tf.Tensor) -> tf.Tensor:
     """A sampling step's bookkeeping (:meth:`GradiVeQLayer.record`): fit step or handshake.
 
     Within a block of ``L_t`` sampling steps (``refit_steps`` after the
@@ -55,15 +60,15 @@ def record(layer, total: tf.Tensor, agreed: tf.Tensor) -> tf.Tensor:
         tf.cast(index, tf.int32),
         [
             lambda: tf.constant(0, tf.int32),
-            lambda: fit_step(layer, total, position),
-            lambda: handshake_step(layer, agreed),
+            lambda: _fit_step(layer, total, position),
+            lambda: _handshake_step(layer, agreed),
         ],
     )
     with tf.control_dependencies([done]):
         return tf.identity(total)
 
 
-def fit_step(layer, total: tf.Tensor, position: tf.Tensor) -> tf.Tensor:
+def _fit_step(layer: GradiVeQLayer, total: tf.Tensor, position: tf.Tensor) -> tf.Tensor:
     """Appends the aggregate's rows to the buffer; folds it into the sketch when full.
 
     The last ``C = min(3, F - 1)`` fit steps are check steps: each first
@@ -80,7 +85,7 @@ def fit_step(layer, total: tf.Tensor, position: tf.Tensor) -> tf.Tensor:
     first = tf.equal(position, 0)
     checking = position >= first_check
     measured = tf.cond(
-        checking, lambda: explained_share(layer, sampled), lambda: tf.constant(0.0, tf.float64)
+        checking, lambda: _explained_share(layer, sampled), lambda: tf.constant(0.0, tf.float64)
     )
     least = tf.where(
         tf.equal(position, first_check),
@@ -120,25 +125,25 @@ def fit_step(layer, total: tf.Tensor, position: tf.Tensor) -> tf.Tensor:
     ripe = position >= first_check - 1
     full = tf.logical_or(ripe, filled + m >= layer.buffer_rows)
     with tf.control_dependencies(update_ops(stored, filled_now)):
-        folded = tf.cond(full, lambda: fold_buffer(layer), lambda: tf.constant(0, tf.int32))
+        folded = tf.cond(full, lambda: _fold_buffer(layer), lambda: tf.constant(0, tf.int32))
     with tf.control_dependencies([folded]):
-        finished = tf.cond(ripe, lambda: orthonormalise(layer), lambda: tf.constant(0, tf.int32))
+        finished = tf.cond(ripe, lambda: _orthonormalise(layer), lambda: tf.constant(0, tf.int32))
     with tf.control_dependencies([finished]):
         return tf.cond(
             tf.equal(position, fit_steps - 1),
-            lambda: finish_fit(layer, least),
+            lambda: _finish_fit(layer, least),
             lambda: tf.constant(0, tf.int32),
         )
 
 
-def orthonormalise(layer) -> tf.Tensor:
+def _orthonormalise(layer: GradiVeQLayer) -> tf.Tensor:
     """Makes the sketch's directions exactly orthonormal (``sketch.orthonormalise``)."""
     rows = sketch.orthonormalise(layer.basis.read_value(), layer.singular.read_value())
     with tf.control_dependencies(update_ops(layer.basis.assign(rows))):
         return tf.constant(1, tf.int32)
 
 
-def fold_buffer(layer) -> tf.Tensor:
+def _fold_buffer(layer: GradiVeQLayer) -> tf.Tensor:
     """Folds the buffered rows into the sketch, ``fold_rows`` at a time; empties the buffer."""
     filled = layer.filled.read_value()
     buffer = layer.buffer.read_value()
@@ -157,7 +162,7 @@ def fold_buffer(layer) -> tf.Tensor:
         return tf.constant(1, tf.int32)
 
 
-def energy_components(layer) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+def _energy_components(layer: GradiVeQLayer) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
     """``d``, its kept share and whether the sketch is usable (``sketch.energy_components``).
 
     A sketch that folded non-finite rows (``degenerate``) is not usable.
@@ -172,24 +177,24 @@ def energy_components(layer) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
     )
 
 
-def explained_share(layer, rows: tf.Tensor) -> tf.Tensor:
+def _explained_share(layer: GradiVeQLayer, rows: tf.Tensor) -> tf.Tensor:
     """Share of a fresh aggregate's energy that the current basis explains (float64).
 
     ``||U_d U_d^T h||^2 / ||h||^2`` over the step's sampled slices ``h``
     (:meth:`GradiVeQLayer.sampled_rows`), with ``d`` from the sketch so far: the self-check of the
-    package docstring. The basis is orthonormal here (see :func:`fit_step`).
+    package docstring. The basis is orthonormal here (see ``_fit_step``).
     """
-    d, _, _ = energy_components(layer)
+    d, _, _ = _energy_components(layer)
     return sketch.explained(rows, layer.basis.read_value(), d)
 
 
-def finish_fit(layer, explained: tf.Tensor) -> tf.Tensor:
+def _finish_fit(layer: GradiVeQLayer, explained: tf.Tensor) -> tf.Tensor:
     """After the last check step: ``d``, and whether the basis may be used for the block."""
-    d, kept, ok = energy_components(layer)
+    d, kept, ok = _energy_components(layer)
     passed = explained >= layer.config.min_explained
     warn = tf.cond(
         tf.logical_and(ok, tf.logical_not(passed)),
-        lambda: fall_back_unexplained(layer, explained),
+        lambda: _fall_back_unexplained(layer, explained),
         lambda: tf.constant(0, tf.int32),
     )
     error = tf.sqrt(tf.maximum(1.0 - explained, 0.0))
@@ -198,10 +203,10 @@ def finish_fit(layer, explained: tf.Tensor) -> tf.Tensor:
         layer.heldout_error.assign(tf.cast(error, tf.float32)),
     )
     with tf.control_dependencies([warn, *assigns]):
-        return set_fit(layer, tf.logical_and(ok, passed), ok, d, kept)
+        return _set_fit(layer, tf.logical_and(ok, passed), ok, d, kept)
 
 
-def fall_back_unexplained(layer, explained: tf.Tensor) -> tf.Tensor:
+def _fall_back_unexplained(layer: GradiVeQLayer, explained: tf.Tensor) -> tf.Tensor:
     """Counts a block whose basis failed the self-check; says so once per tensor."""
 
     def say() -> tf.Tensor:  # built inside the branch: eagerly it would print every time
@@ -225,14 +230,14 @@ def fall_back_unexplained(layer, explained: tf.Tensor) -> tf.Tensor:
         return tf.constant(1, tf.int32)
 
 
-def set_fit(layer, valid, ok, d, kept) -> tf.Tensor:
+def _set_fit(layer: GradiVeQLayer, valid, ok, d, kept) -> tf.Tensor:
     """Stores the fit (or the exact fallback) and its fingerprint.
 
     ``ok``: the sketch is usable (else the samples were degenerate, said
     once); ``valid``: it is and it passed the self-check.
     """
     d = tf.where(valid, d, 0)
-    warn = tf.cond(ok, lambda: tf.constant(0, tf.int32), lambda: warn_degenerate(layer))
+    warn = tf.cond(ok, lambda: tf.constant(0, tf.int32), lambda: _warn_degenerate(layer))
     valid = tf.cast(valid, tf.int32)
     assigns = [
         layer.components.assign(d),
@@ -248,7 +253,7 @@ def set_fit(layer, valid, ok, d, kept) -> tf.Tensor:
         return tf.constant(1, tf.int32)
 
 
-def handshake_step(layer, agreed: tf.Tensor) -> tf.Tensor:
+def _handshake_step(layer: GradiVeQLayer, agreed: tf.Tensor) -> tf.Tensor:
     """Keeps the fit if every worker has the same one; else this block stays exact."""
 
     def fall_back() -> tf.Tensor:
@@ -279,7 +284,8 @@ def handshake_step(layer, agreed: tf.Tensor) -> tf.Tensor:
     return tf.cond(agreed, lambda: tf.constant(0, tf.int32), fall_back)
 
 
-def warn_degenerate(layer) -> tf.Tensor:
+def _warn_degenerate(layer: GradiVeQLayer) -> tf.Tensor:
+    """Says (each time it runs) that the tensor's samples were all zero or not finite."""
     printed = layer.warn(
         "WARNING: GradiVeQ: the sampled gradients of tensor",
         layer.NAME,
