@@ -16,15 +16,13 @@ The algorithm is in the package docstring (:mod:`tfcompress.compressors.gradiveq
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import tensorflow as tf
 
+# The layer is typed by its base class, as in ``branches``: the layer imports
+# this module, and importing the layer back (even for typing only) is a cycle.
+from tfcompress.compressors.base import Compressor
 from tfcompress.compressors.gradiveq import handshake, sketch
 from tfcompress.compressors.state import after, update_ops
-
-if TYPE_CHECKING:  # the layer imports this module
-    from tfcompress.compressors.gradiveq.layer import GradiVeQLayer
 
 __all__ = ["record"]
 
@@ -38,7 +36,7 @@ _BLOCK_MEMORY = 0.5
 _CHECK_STEPS = 3
 
 
-def record(layer: GradiVeQLayer, total: tf.Tensor, agreed: tf.Tensor) -> tf.Tensor:
+def record(layer: Compressor, total: tf.Tensor, agreed: tf.Tensor) -> tf.Tensor:
     """A sampling step's bookkeeping (:meth:`GradiVeQLayer.record`): fit step or handshake.
 
     Within a block of ``L_t`` sampling steps (``refit_steps`` after the
@@ -68,7 +66,7 @@ def record(layer: GradiVeQLayer, total: tf.Tensor, agreed: tf.Tensor) -> tf.Tens
         return tf.identity(total)
 
 
-def _fit_step(layer: GradiVeQLayer, total: tf.Tensor, position: tf.Tensor) -> tf.Tensor:
+def _fit_step(layer: Compressor, total: tf.Tensor, position: tf.Tensor) -> tf.Tensor:
     """Appends the aggregate's rows to the buffer; folds it into the sketch when full.
 
     The last ``C = min(3, F - 1)`` fit steps are check steps: each first
@@ -136,14 +134,14 @@ def _fit_step(layer: GradiVeQLayer, total: tf.Tensor, position: tf.Tensor) -> tf
         )
 
 
-def _orthonormalise(layer: GradiVeQLayer) -> tf.Tensor:
+def _orthonormalise(layer: Compressor) -> tf.Tensor:
     """Makes the sketch's directions exactly orthonormal (``sketch.orthonormalise``)."""
     rows = sketch.orthonormalise(layer.basis.read_value(), layer.singular.read_value())
     with tf.control_dependencies(update_ops(layer.basis.assign(rows))):
         return tf.constant(1, tf.int32)
 
 
-def _fold_buffer(layer: GradiVeQLayer) -> tf.Tensor:
+def _fold_buffer(layer: Compressor) -> tf.Tensor:
     """Folds the buffered rows into the sketch, ``fold_rows`` at a time; empties the buffer."""
     filled = layer.filled.read_value()
     buffer = layer.buffer.read_value()
@@ -162,7 +160,7 @@ def _fold_buffer(layer: GradiVeQLayer) -> tf.Tensor:
         return tf.constant(1, tf.int32)
 
 
-def _energy_components(layer: GradiVeQLayer) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+def _energy_components(layer: Compressor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
     """``d``, its kept share and whether the sketch is usable (``sketch.energy_components``).
 
     A sketch that folded non-finite rows (``degenerate``) is not usable.
@@ -177,7 +175,7 @@ def _energy_components(layer: GradiVeQLayer) -> tuple[tf.Tensor, tf.Tensor, tf.T
     )
 
 
-def _explained_share(layer: GradiVeQLayer, rows: tf.Tensor) -> tf.Tensor:
+def _explained_share(layer: Compressor, rows: tf.Tensor) -> tf.Tensor:
     """Share of a fresh aggregate's energy that the current basis explains (float64).
 
     ``||U_d U_d^T h||^2 / ||h||^2`` over the step's sampled slices ``h``
@@ -188,7 +186,7 @@ def _explained_share(layer: GradiVeQLayer, rows: tf.Tensor) -> tf.Tensor:
     return sketch.explained(rows, layer.basis.read_value(), d)
 
 
-def _finish_fit(layer: GradiVeQLayer, explained: tf.Tensor) -> tf.Tensor:
+def _finish_fit(layer: Compressor, explained: tf.Tensor) -> tf.Tensor:
     """After the last check step: ``d``, and whether the basis may be used for the block."""
     d, kept, ok = _energy_components(layer)
     passed = explained >= layer.config.min_explained
@@ -206,7 +204,7 @@ def _finish_fit(layer: GradiVeQLayer, explained: tf.Tensor) -> tf.Tensor:
         return _set_fit(layer, tf.logical_and(ok, passed), ok, d, kept)
 
 
-def _fall_back_unexplained(layer: GradiVeQLayer, explained: tf.Tensor) -> tf.Tensor:
+def _fall_back_unexplained(layer: Compressor, explained: tf.Tensor) -> tf.Tensor:
     """Counts a block whose basis failed the self-check; says so once per tensor."""
 
     def say() -> tf.Tensor:  # built inside the branch: eagerly it would print every time
@@ -230,7 +228,7 @@ def _fall_back_unexplained(layer: GradiVeQLayer, explained: tf.Tensor) -> tf.Ten
         return tf.constant(1, tf.int32)
 
 
-def _set_fit(layer: GradiVeQLayer, valid, ok, d, kept) -> tf.Tensor:
+def _set_fit(layer: Compressor, valid, ok, d, kept) -> tf.Tensor:
     """Stores the fit (or the exact fallback) and its fingerprint.
 
     ``ok``: the sketch is usable (else the samples were degenerate, said
@@ -253,7 +251,7 @@ def _set_fit(layer: GradiVeQLayer, valid, ok, d, kept) -> tf.Tensor:
         return tf.constant(1, tf.int32)
 
 
-def _handshake_step(layer: GradiVeQLayer, agreed: tf.Tensor) -> tf.Tensor:
+def _handshake_step(layer: Compressor, agreed: tf.Tensor) -> tf.Tensor:
     """Keeps the fit if every worker has the same one; else this block stays exact."""
 
     def fall_back() -> tf.Tensor:
@@ -284,7 +282,7 @@ def _handshake_step(layer: GradiVeQLayer, agreed: tf.Tensor) -> tf.Tensor:
     return tf.cond(agreed, lambda: tf.constant(0, tf.int32), fall_back)
 
 
-def _warn_degenerate(layer: GradiVeQLayer) -> tf.Tensor:
+def _warn_degenerate(layer: Compressor) -> tf.Tensor:
     """Says (each time it runs) that the tensor's samples were all zero or not finite."""
     printed = layer.warn(
         "WARNING: GradiVeQ: the sampled gradients of tensor",
