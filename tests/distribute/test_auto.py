@@ -85,6 +85,27 @@ def test_the_string_auto_measures_the_link_with_a_probe(stated_costs):
     assert repr(tfcompress.distribute.compression_of(strategy)) == "auto(accuracy='safe')"
 
 
+@pytest.mark.parametrize("n", [2, 4])
+def test_the_probe_charges_the_call_overhead_once_not_per_message(n):
+    """Times made from a known link and a 5 ms call overhead give that link back."""
+    rate, alpha, overhead = 100e6, 0.5e-3, 5e-3
+    small, large = distribute_auto.PROBE_ELEMENTS
+    k = distribute_auto.PROBE_CHAIN
+
+    def gathers(count, elements):
+        return overhead + count * (n - 1) * (alpha + 32 * elements / rate)
+
+    found_rate, found_alpha = distribute_auto.solve_link(
+        gathers(1, small), gathers(1, large), gathers(k, small), n
+    )
+    assert found_rate == pytest.approx(rate, rel=1e-9)
+    assert found_alpha == pytest.approx(alpha, rel=1e-9)
+    # A link with no latency at all, and a large gather that was not slower.
+    assert distribute_auto.solve_link(0.01, 0.01, 0.01, n) == (distribute_auto.MAX_RATE, 0.0)
+    with pytest.raises(ValueError, match="at least 2 replicas"):
+        distribute_auto.solve_link(0.01, 0.02, 0.03, 1)
+
+
 def test_multi_worker_factory_accepts_auto_on_one_worker(stated_costs):
     strategy = tfcompress.distribute.MultiWorkerMirroredStrategy(compression="auto")
     plan = plan_of(strategy)

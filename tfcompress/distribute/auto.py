@@ -50,6 +50,7 @@ __all__ = [
     "probe_link",
     "share_inputs",
     "shared_link",
+    "solve_link",
 ]
 
 _log = logging.getLogger(__name__)
@@ -58,8 +59,12 @@ _FLOAT_DTYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64)
 
 #: Elements per replica of the probe's small and large gathers (float32).
 PROBE_ELEMENTS = (256, 1 << 18)
-#: Timed gathers per size (after one untimed one); the median counts.
+#: Timed calls per probe function (after one untimed one); the median counts.
 PROBE_REPEATS = 5
+#: Small gathers chained in one call of the probe's third function: the
+#: difference from one gather is ``k - 1`` gathers' time without the call's own
+#: overhead, which is paid once per call, not once per message.
+PROBE_CHAIN = 8
 
 _COST_FIELDS = (
     "encode_fixed",
@@ -272,47 +277,86 @@ def plan_metrics(rules: AutoRules) -> dict[str, float]:
 def probe_link(strategy) -> tuple[float, float]:
     """This worker's link (bits/s, seconds per message), from timed all-gathers.
 
-    Gathers ``[1, n]`` float32 per replica (in a ``tf.function``) for the two sizes of
-    :data:`PROBE_ELEMENTS`, the median of :data:`PROBE_REPEATS` each, and
-    solves the all-gather's alpha-beta formula ``t = (N-1) (8 B/R + alpha)``
-    for both. The function call's own overhead counts as latency, so the
-    latency is an upper bound of the collective's (the choice is then
-    conservative for small tensors). The rate is clamped to
-    ``[MIN_RATE, MAX_RATE]``.
+    Gathers ``[1, n]`` float32 per replica in ``tf.function`` calls: one gather
+    of each size of :data:`PROBE_ELEMENTS` (``s`` small, ``l`` large) and a
+    chain of :data:`PROBE_CHAIN` (``k``) small gathers, each gathering the
+    last one's first row (so they run one after the other); the median of
+    :data:`PROBE_REPEATS` calls each. With ``c`` the call's own overhead
+    (dispatch, the first collective's rendezvous), paid once per call::
+
+        t_s = c + (N-1) (alpha + 32 s / R)
+        t_l = c + (N-1) (alpha + 32 l / R)
+        t_k = c + k (N-1) (alpha + 32 s / R)
+
+    solved by :func:`solve_link`. The latency is that of one message of a
+    collective in a running step, without the call's overhead, which an
+    aggregation pays once (a probe of single gathers alone charges
+    ``c / (N-1)`` to every message, and the planner then over-predicts
+    every collective).
     """
     n = strategy.num_replicas_in_sync
 
-    @tf.function(autograph=False)
-    def gather(x):
-        # In a function, traced once per size: eager collectives retrace every call.
-        def replica_fn():
-            local = tf.identity(x)  # on the replica's device (a function argument has none)
-            return tf.distribute.get_replica_context().all_gather(local, axis=0)
+    def probe(chain: int):
+        @tf.function(autograph=False)
+        def gather(x):
+            # In a function, traced once per size: eager collectives retrace every call.
+            def replica_fn():
+                local = tf.identity(x)  # on the replica's device (a function argument has none)
+                for _ in range(chain):
+                    # The next gather takes this one's first row: a data dependency.
+                    local = tf.distribute.get_replica_context().all_gather(local, axis=0)[:1]
+                return local
 
-        return strategy.run(replica_fn)
+            return strategy.run(replica_fn)
 
-    times = []
-    for elements in PROBE_ELEMENTS:
-        value = tf.zeros([1, elements], tf.float32)
-        gather(value)  # untimed: tracing, first use
+        return gather
+
+    def median_time(function, value) -> float:
+        function(value)  # untimed: tracing, first use
         samples = []
         for _ in range(PROBE_REPEATS):
             started = time.perf_counter()
-            results = strategy.experimental_local_results(gather(value))
-            results[0].numpy()
+            strategy.experimental_local_results(function(value))[0].numpy()
             samples.append(time.perf_counter() - started)
-        times.append(statistics.median(samples))
-    (small, t_small), (large, t_large) = zip(PROBE_ELEMENTS, times, strict=True)
+        return statistics.median(samples)
+
+    small, large = PROBE_ELEMENTS
+    single, chained = probe(1), probe(PROBE_CHAIN)
+    t_small = median_time(single, tf.zeros([1, small], tf.float32))
+    t_large = median_time(single, tf.zeros([1, large], tf.float32))
+    t_chain = median_time(chained, tf.zeros([1, small], tf.float32))
+    rate, alpha = solve_link(t_small, t_large, t_chain, n)
+    _log.info(
+        "tfcompress auto: probe measured %s, latency %.3f ms per message "
+        "(one gather call %.3f ms) on this worker",
+        format_rate(rate),
+        alpha * 1e3,
+        t_small * 1e3,
+    )
+    return rate, alpha
+
+
+def solve_link(t_small: float, t_large: float, t_chain: float, n: int) -> tuple[float, float]:
+    """``(R, alpha)`` from the probe's three median times (seconds) with ``n`` replicas.
+
+    ``R = 32 (l - s) (N-1) / (t_l - t_s)`` bits/s, clamped to
+    ``[MIN_RATE, MAX_RATE]`` (``MAX_RATE`` when the large gather was not
+    slower), and ``alpha = (t_k - t_s) / ((k-1) (N-1)) - 32 s / R``, at
+    least 0, with ``s, l`` = :data:`PROBE_ELEMENTS` and ``k`` =
+    :data:`PROBE_CHAIN` (the formulas of :func:`probe_link`).
+
+    >>> rate, alpha = solve_link(0.0052, 0.0264, 0.0178, 2)
+    >>> round(rate / 1e6), round(alpha * 1e3, 3)
+    (395, 1.779)
+    """
+    if n < 2:
+        raise ValueError(f"the link probe needs at least 2 replicas, got {n}")
+    small, large = PROBE_ELEMENTS
     extra_bits = 8 * 4 * (large - small) * (n - 1)
     rate = extra_bits / (t_large - t_small) if t_large > t_small else float(MAX_RATE)
     rate = min(max(rate, float(MIN_RATE)), float(MAX_RATE))
-    alpha = max(t_small / (n - 1) - 8 * 4 * small / rate, 0.0)
-    _log.info(
-        "tfcompress auto: probe measured %s, latency %.3f ms on this worker",
-        format_rate(rate),
-        alpha * 1e3,
-    )
-    return rate, alpha
+    per_gather = (t_chain - t_small) / ((PROBE_CHAIN - 1) * (n - 1))
+    return rate, max(per_gather - 8 * 4 * small / rate, 0.0)
 
 
 def shared_link(strategy) -> tuple[float, float]:

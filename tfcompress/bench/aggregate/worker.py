@@ -296,7 +296,7 @@ def _link(strategy, bandwidth: str) -> dict:
     """The link the predictions assume: the cell's rate (the probe's on the loopback).
 
     Every worker runs the probe collective of ``compression="auto"``
-    (:func:`tfcompress.distribute.auto.probe_link`: two timed all-gathers);
+    (:func:`tfcompress.distribute.auto.probe_link`: timed all-gathers);
     its latency is always the one used, its rate only where the cell has no
     rate of its own (``none``: the loopback; a ``tf_config`` cluster without one).
     """
