@@ -20,21 +20,22 @@ def cache(tmp_path, monkeypatch):
 
 @pytest.fixture
 def timer(monkeypatch):
-    """A fake timer: every point takes 1 ms; counts the points timed."""
+    """A fake timer: every run takes 1 ms; counts the timings (each point is timed
+    twice: its function and the pass-through whose time is subtracted)."""
     calls = []
 
     def fake(fn, args, budget):
         calls.append(budget)
-        return 1e-3
+        return [1e-3]
 
-    monkeypatch.setattr(calibration, "_median_seconds", fake)
+    monkeypatch.setattr(calibration, "_timings", fake)
     return calls
 
 
 def test_second_call_reads_the_cache(cache, timer):
     first = calibrate([FP16()])
     timed = len(timer)
-    assert timed == 2 * len(calibration.SIZES)  # encode and decode at every size
+    assert timed == 2 * 2 * len(calibration.SIZES)  # encode and decode at every size
     assert first.path.parent == cache and first.path.is_file()
     second = calibrate([FP16()])
     assert len(timer) == timed  # nothing timed again
@@ -49,7 +50,7 @@ def test_new_compressors_are_added_to_the_same_file(cache, timer):
     both = calibrate([FP16(), topk])
     # TopK: encode at 3 sizes, decode of 2 payloads at 3 sizes and of 4 at the largest;
     # and its second stage, ErrorFeedback(TopK), as much again.
-    assert len(timer) - timed == 2 * 7
+    assert len(timer) - timed == 2 * 2 * 7
     assert set(both.costs) == {repr(FP16()), repr(topk), repr(ErrorFeedback(topk))}
     saved = json.loads(both.path.read_text())
     assert set(saved["compressors"]) == set(both.costs)
@@ -64,12 +65,28 @@ def test_a_changed_machine_or_build_times_again(cache, timer, monkeypatch):
     for changed in ({"ops": "another-build/kernels"}, {"cores": "64"}, {"tensorflow": "2.99.0"}):
         monkeypatch.setattr(calibration, "machine_facts", lambda c=changed: {**facts, **c})
         other = calibrate([FP16()])
-        assert len(timer) == timed + 2 * len(calibration.SIZES)
+        assert len(timer) == timed + 2 * 2 * len(calibration.SIZES)
         assert other.key != calibration._key(facts)
         assert other.path != calibration.cache_path(facts)
         timed = len(timer)
     forced = calibrate([FP16()], force=True)
-    assert len(timer) == timed + 2 * len(calibration.SIZES) and forced.seconds > 0
+    assert len(timer) == timed + 2 * 2 * len(calibration.SIZES) and forced.seconds > 0
+
+
+def test_the_calls_own_overhead_is_subtracted_from_each_point(cache, monkeypatch):
+    """3 ms per call, 1 ms of it the call's own (its pass-through): 2 ms of work."""
+
+    def fake(fn, args, budget):
+        return [1e-3] if fn.python_function.__name__ == "passthrough" else [3e-3]
+
+    monkeypatch.setattr(calibration, "_timings", fake)
+    found = calibrate([FP16()])
+    points = json.loads(found.path.read_text())["compressors"][repr(FP16())]["points"]
+    counts = dict(calibration.SIZES)
+    assert [tuple(p) for p in points["encode"]] == [
+        (n, pytest.approx(2e-3 / counts[n])) for n, _ in calibration.SIZES
+    ]
+    assert [p[2] * counts[p[0]] for p in points["decode"]] == [pytest.approx(2e-3)] * 3
 
 
 def test_an_unreadable_cache_is_timed_again(cache, timer):
@@ -93,6 +110,13 @@ def test_the_fits():
     assert a == pytest.approx(1e-5) and b == pytest.approx(2e-9)
     # a negative intercept is clamped: the line goes through the origin
     assert calibration._fit_line([(1000, 1e-6), (2000, 3e-6)])[0] == 0
+    # a point left at 0 by the overhead's subtraction is noise, not a cost
+    assert calibration._fit_line([(4096, 0.0), *points[1:]]) == pytest.approx((a, b))
+    assert calibration._fit_line([(4096, 0.0), (65536, 0.0), (1 << 20, 2e-3)]) == (
+        0.0,
+        pytest.approx(2e-3 / (1 << 20)),
+    )
+    assert calibration._fit_line([(4096, 0.0), (65536, 0.0)]) == (0.0, 0.0)
     # decode: d0 + n (d1 + d2 k), with 2 payloads everywhere and 4 at the largest
     d0, d1, d2 = 3e-5, 1e-9, 5e-10
     decode = [(n, 2, d0 + n * (d1 + 2 * d2)) for n in (4096, 65536, 1 << 20)]
