@@ -237,6 +237,7 @@ def test_private_names_still_exist():
     assert hasattr(internal.CollectiveAllReduce, "_all_reduce")
     assert internal.devices_of(ops) and internal.group_size_of(ops) == 1
     assert internal.options_of(ops) is args["options"]
+    assert hasattr(internal.traced_per_input(lambda: 0), "_omit_frequent_tracing_warning")
     assert hasattr(tf.__internal__.tracking.Trackable, "_gather_saveables_for_checkpoint")
     assert hasattr(tf.__internal__.tracking.Trackable, "_trackable_children")
     assert internal.scalar_summary_metadata().plugin_data.plugin_name == "scalars"

@@ -14,7 +14,8 @@ TensorFlow or Keras name.
 One module per topic:
 
 * :mod:`~tfcompress._internal.functions`: tf.function checks that automatic
-  control dependencies leave unordered, and conds compiled when first taken;
+  control dependencies leave unordered, conds compiled when first taken, and
+  functions that trace once per input on purpose;
 * :mod:`~tfcompress._internal.collectives`: TensorFlow's ``CollectiveAllReduce``
   (the hook tfcompress subclasses), its launchers and collective keys;
 * :mod:`~tfcompress._internal.strategies`: a strategy's cross-device ops
@@ -50,7 +51,7 @@ from tfcompress._internal.collectives import (
     new_collective_keys,
     options_of,
 )
-from tfcompress._internal.functions import rare_cond, unordered_check
+from tfcompress._internal.functions import rare_cond, traced_per_input, unordered_check
 from tfcompress._internal.keras import (
     TfKerasCallbackHooks,
     keras3_fit_functions,
@@ -112,6 +113,7 @@ __all__ = [
     "scalar_summary_metadata",
     "strategy_supports_no_merge_call",
     "rare_cond",
+    "traced_per_input",
     "unordered_check",
     "worker_local_variable",
 ]

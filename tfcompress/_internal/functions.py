@@ -1,8 +1,11 @@
-"""tf.function: input checks that automatic control dependencies leave unordered, and rare conds.
+"""tf.function: input checks that automatic control dependencies leave unordered, rare conds,
+and functions traced on purpose for each input.
 
 Private API: ``tensorflow.python.framework.auto_control_deps`` (its resolver
-hook), the ``AttrValue`` proto that marks a check, and the
-``_lower_using_switch_merge`` attribute of an ``If`` op (:func:`rare_cond`).
+hook), the ``AttrValue`` proto that marks a check, the
+``_lower_using_switch_merge`` attribute of an ``If`` op (:func:`rare_cond`),
+and a ``tf.function``'s ``_omit_frequent_tracing_warning`` flag
+(:func:`traced_per_input`).
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from tensorflow.core.framework import attr_value_pb2
 # program-order chain of stateful ops (see unordered_check).
 from tensorflow.python.framework import auto_control_deps
 
-__all__ = ["rare_cond", "unordered_check"]
+__all__ = ["rare_cond", "traced_per_input", "unordered_check"]
 
 # Inside a tf.function, automatic control dependencies make every stateful op
 # without a resource input (an Assert) wait for the previous one, in the order
@@ -96,3 +99,17 @@ def rare_cond(pred, true_fn, false_fn):
         if op.type in _IF_TYPES:
             op._set_attr(_LOWER_ATTR, attr_value_pb2.AttrValue(b=False))  # pylint: disable=protected-access
     return out
+
+
+# TensorFlow warns ("N out of the last M calls to <function> triggered
+# tf.function retracing") when the functions made from one Python def trace
+# often. A timing harness that makes a function for each size it times (the
+# planner's calibration) traces by design, once per function; the warning
+# would tell its users to fix what is not wrong. The flag is the one
+# TensorFlow sets on the functions of a loaded SavedModel (which it also
+# traces again on purpose).
+def traced_per_input(python_function):
+    """``tf.function(python_function, autograph=False)`` without the frequent-retracing warning."""
+    function = tf.function(python_function, autograph=False)
+    function._omit_frequent_tracing_warning = True  # pylint: disable=protected-access
+    return function

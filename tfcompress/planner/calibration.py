@@ -60,6 +60,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import tensorflow as tf
 
+from tfcompress import _internal as internal
 from tfcompress.compressors.base import Compressor, Payload
 from tfcompress.compressors.state import TensorContext
 from tfcompress.compressors.switch import Switch
@@ -307,7 +308,7 @@ def _passthrough(args: Sequence) -> Callable:
     def passthrough(*inputs):
         return [tf.identity(t) for t in tf.nest.flatten(inputs)]
 
-    function = tf.function(passthrough, autograph=False)
+    function = internal.traced_per_input(passthrough)
     function(*args)  # untimed: tracing
     return function
 
@@ -355,7 +356,7 @@ def _measure(
             for i in range(count)
         ]
         templates: dict[int, Payload] = {}
-        encode = tf.function(_encoder(bound, templates), autograph=False)
+        encode = internal.traced_per_input(_encoder(bound, templates))
         payload_counts = [1] if compressor.summable else [_PAYLOADS]
         if not compressor.summable and num_elements == SIZES[-1][0]:
             payload_counts.append(_MORE_PAYLOADS)
@@ -367,7 +368,7 @@ def _measure(
             payload_sets.append(encode(xs))  # untimed: traces, then one run per input set
         seconds = _op_seconds(encode, (xs,), share() + share())
         encode_points.append((shape.num_elements(), seconds / count))
-        decode = tf.function(_decoder(bound, templates, compressor.summable), autograph=False)
+        decode = internal.traced_per_input(_decoder(bound, templates, compressor.summable))
         for k in payload_counts:
             args = (_by_tensor(payload_sets[:k], count),)
             decode(*args)
