@@ -277,7 +277,8 @@ def plan_metrics(rules: AutoRules) -> dict[str, float]:
 def probe_link(strategy) -> tuple[float, float]:
     """This worker's link (bits/s, seconds per message), from timed all-gathers.
 
-    Gathers ``[1, n]`` float32 per replica in ``tf.function`` calls: one gather
+    Gathers ``[1, n]`` float32 per replica in ``tf.function`` calls, with
+    the collective the payload transport uses: one gather
     of each size of :data:`PROBE_ELEMENTS` (``s`` small, ``l`` large) and a
     chain of :data:`PROBE_CHAIN` (``k``) small gathers, each gathering the
     last one's first row (so they run one after the other); the median of
@@ -295,19 +296,26 @@ def probe_link(strategy) -> tuple[float, float]:
     every collective).
     """
     n = strategy.num_replicas_in_sync
+    # The transport's own gather (one collective per call, on each local
+    # replica's launcher), not the replica context's all_gather, which
+    # gathers the shapes first: two collectives, twice the latency.
+    ops = internal.cross_device_ops_of(strategy)
+    devices = internal.devices_of(ops)
+    options = tf.distribute.experimental.CommunicationOptions()
 
     def probe(chain: int):
         @tf.function(autograph=False)
         def gather(x):
             # In a function, traced once per size: eager collectives retrace every call.
-            def replica_fn():
-                local = tf.identity(x)  # on the replica's device (a function argument has none)
-                for _ in range(chain):
-                    # The next gather takes this one's first row: a data dependency.
-                    local = tf.distribute.get_replica_context().all_gather(local, axis=0)[:1]
-                return local
-
-            return strategy.run(replica_fn)
+            results = []
+            for replica, device in enumerate(devices):
+                with tf.device(device):
+                    local = tf.identity(x)
+                    for _ in range(chain):
+                        # The next gather takes this one's first row: a data dependency.
+                        local = internal.launcher_all_gather(ops, replica, local, options)[:1]
+                results.append(local)
+            return results
 
         return gather
 
@@ -316,7 +324,7 @@ def probe_link(strategy) -> tuple[float, float]:
         samples = []
         for _ in range(PROBE_REPEATS):
             started = time.perf_counter()
-            strategy.experimental_local_results(function(value))[0].numpy()
+            function(value)[0].numpy()
             samples.append(time.perf_counter() - started)
         return statistics.median(samples)
 
