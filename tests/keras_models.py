@@ -29,3 +29,23 @@ def small_conv_net(keras_module: Any, size: int, steps_per_execution: int = 1) -
         steps_per_execution=steps_per_execution,
     )
     return model
+
+
+def small_dense_net(keras_module: Any, features: int, hidden: int, learning_rate: float) -> Any:
+    """Dense(hidden, relu) -> Dense(4) logits on ``features`` inputs.
+
+    Compiled with SGD(``learning_rate``) and sparse categorical cross-entropy on
+    the logits. Call it inside ``strategy.scope()`` for a distributed model.
+    """
+    model = keras_module.Sequential(
+        [
+            keras_module.Input((features,)),
+            keras_module.layers.Dense(hidden, activation="relu"),
+            keras_module.layers.Dense(4),
+        ]
+    )
+    model.compile(
+        optimizer=keras_module.optimizers.SGD(learning_rate),
+        loss=keras_module.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
+    return model

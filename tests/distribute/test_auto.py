@@ -8,6 +8,7 @@ import tensorflow as tf
 
 import tfcompress
 from tests.distribute.test_mirrored import DEVICES, local
+from tests.keras_models import small_dense_net
 from tests.planner.helpers import assumed_calibration
 from tfcompress.distribute import auto as distribute_auto
 from tfcompress.distribute.auto import AutoRules, plan_of, share_inputs
@@ -208,13 +209,7 @@ def test_fit_with_auto_replan_moves_to_compression_when_the_link_slows(
     x = rng.normal(size=(256, 64)).astype("float32")
     y = (x @ rng.normal(size=(64, 4))).argmax(axis=1)
     with strategy.scope():
-        model = keras.Sequential(
-            [keras.Input((64,)), keras.layers.Dense(256, activation="relu"), keras.layers.Dense(4)]
-        )
-        model.compile(
-            optimizer=keras.optimizers.SGD(0.05),
-            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        )
+        model = small_dense_net(keras, features=64, hidden=256, learning_rate=0.05)
 
     class SlowLink(keras.callbacks.Callback):
         def on_train_batch_end(self, batch, logs=None):

@@ -15,6 +15,7 @@ import tensorflow as tf
 
 import tfcompress
 from tests.distribute.test_mirrored import make
+from tests.keras_models import small_dense_net
 from tests.multiworker import run_workers
 from tfcompress.compressors import PowerSGD
 
@@ -79,13 +80,7 @@ def test_keras_fit_with_powersgd_on_two_replicas():
     x = rng.normal(size=(512, 32)).astype("float32")
     y = (x @ rng.normal(size=(32, 4))).argmax(axis=1)
     with strategy.scope():
-        model = keras.Sequential(
-            [keras.Input((32,)), keras.layers.Dense(64, activation="relu"), keras.layers.Dense(4)]
-        )
-        model.compile(
-            optimizer=keras.optimizers.SGD(0.1),
-            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        )
+        model = small_dense_net(keras, features=32, hidden=64, learning_rate=0.1)
     history = model.fit(x, y, batch_size=64, epochs=4, verbose=0)
     losses = history.history["loss"]
     assert losses[-1] < 0.7 * losses[0], losses
