@@ -14,7 +14,12 @@ import pytest
 from tests.planner.helpers import assumed_calibration
 from tfcompress.advise import model_shape_list
 from tfcompress.bench.aggregate import rows as agg_rows
-from tfcompress.bench.aggregate.report import format_table, predict_row, prediction_error
+from tfcompress.bench.aggregate.report import (
+    fastest_call_error,
+    format_table,
+    predict_row,
+    prediction_error,
+)
 from tfcompress.bench.aggregate.rows import (
     VARIANTS,
     CompressorSpec,
@@ -173,6 +178,16 @@ def test_predict_row_of_uncompressed_is_the_ring_formula():
     assert got["seconds"] == pytest.approx(0.324)
     assert got["paths"] == ["exact"] and got["bytes_per_worker"] == 4_000_000
     assert got["bandwidth_source"] == "given"  # the link is stored with it
+    assert got["aggregation_seconds"] == got["seconds"]  # no call cost given
+
+
+def test_predict_row_adds_the_timed_calls_own_cost():
+    shapes = [(1000, 1000)]
+    link = {**LINK, "call_seconds": 0.0015}
+    got = predict_row(None, shapes, 2, "auto", link, calibration=assumed_calibration())
+    assert got["aggregation_seconds"] == pytest.approx(0.324)
+    assert got["seconds"] == pytest.approx(0.324 + 0.0015)
+    assert got["call_seconds"] == 0.0015
 
 
 def test_predict_row_of_a_compressor_and_its_failure():
@@ -234,3 +249,12 @@ def test_table_has_predicted_time_and_error():
         ("", ""),
     ]
     assert all(line.count("|") == lines[0].count("|") for line in lines)
+
+
+def test_error_against_the_fastest_call_is_in_brackets():
+    row = {**_row("qsgd bits=2", 0.020, {"seconds": 0.015}), "all_seconds": [0.03, 0.02, 0.012]}
+    assert fastest_call_error(row) == pytest.approx(0.25)
+    line = format_table([row]).splitlines()[2]
+    assert "| 15.0 | -25% (+25%) |" in line
+    phased = {**row, "phases": {"sampling": {}, "compressed": {}}}
+    assert fastest_call_error(phased) is None  # its calls are of different phases

@@ -66,11 +66,15 @@ per block instead, see below. Columns:
   this one (same model, workers and link);
 * **predicted (ms)**, **error**: what the planner predicts for the row
   (``tfcompress.planner.predict`` of its compressor, the model's shapes,
-  ``N``, the row's aggregation setting and the cell's link) and
-  ``predicted / measured - 1``. The link: the cell's rate, or on the
-  loopback the rate of the probe collective of ``compression="auto"``
-  (:func:`tfcompress.distribute.auto.probe_link`, run once per cell by
-  every worker); the latency is always the probe's. Compute costs are this
+  ``N``, the row's aggregation setting and the cell's link), plus the
+  timed call's own cost (an empty step with the same tensors in and out,
+  timed once per cell: ``call_seconds``), and ``predicted / measured - 1``
+  (in brackets: against the row's fastest call, a call without a stall of
+  a worker that waited for a core; the model has no stalls).
+  The link: the rate and latency of the probe collective of
+  ``compression="auto"`` (:func:`tfcompress.distribute.auto.probe_link`,
+  run once per cell by every worker), the rate the collectives get (below
+  a cell's shaped rate by the protocols' framing). Compute costs are this
   machine's calibration, read (or timed once and cached) by the command
   before the first launch; ``--no-predict`` leaves the columns empty.
   ``auto`` rows predict the plan the strategy made; phased rows the

@@ -13,6 +13,7 @@ from tfcompress.bench.arguments import LOOPBACK
 __all__ = [
     "block_cell",
     "cosine_cell",
+    "fastest_call_error",
     "format_table",
     "plot_timeline",
     "plot_predictions",
@@ -101,14 +102,18 @@ def predict_row(
       shapes: the model's gradient shapes.
       workers: ``N``.
       aggregation: the row's ``tfcompress.distribute.Aggregation``.
-      link: ``bandwidth`` (bits/s) and ``latency`` (seconds per message), and
-        whatever else should be stored with the prediction (where they came from).
+      link: ``bandwidth`` (bits/s) and ``latency`` (seconds per message),
+        optionally ``call_seconds`` (the timed call's own cost, added to the
+        prediction), and whatever else should be stored with the prediction
+        (where they came from).
       calibration: compute costs; ``None``: this machine's, cached
         (``tfcompress.planner.calibrate``).
 
     Returns:
-      ``seconds``, ``compress_seconds``, ``wire_seconds``, ``decode_seconds``,
-      ``bytes_per_worker`` and ``paths``, with ``link``'s items; or ``error``
+      ``seconds`` (the aggregation's plus ``call_seconds``),
+      ``aggregation_seconds`` (the planner's ``seconds``), ``compress_seconds``,
+      ``wire_seconds``, ``decode_seconds``, ``bytes_per_worker`` and
+      ``paths``, with ``link``'s items; or ``error``
       (and ``link``'s items) when the planner cannot predict the compressor
       (payload sizes that depend on the data: Threshold, entropy codecs).
     """
@@ -127,7 +132,8 @@ def predict_row(
     except ValueError as error:
         return {"error": str(error), **link}
     return {
-        "seconds": prediction.seconds,
+        "seconds": prediction.seconds + link.get("call_seconds", 0.0),
+        "aggregation_seconds": prediction.seconds,
         "compress_seconds": prediction.compress_seconds,
         "wire_seconds": prediction.wire_seconds,
         "decode_seconds": prediction.decode_seconds,
@@ -142,14 +148,35 @@ def prediction_error(row: dict) -> float:
     return row["predicted"]["seconds"] / row["seconds"] - 1.0
 
 
+def fastest_call_error(row: dict) -> float | None:
+    """``predicted / fastest call - 1`` of an unphased row with its calls' times, else ``None``.
+
+    The model has no stalls: on a machine whose cores the workers share, a
+    call that waited for a descheduled worker is slower than any link or
+    compute cost says, and the fastest of a row's calls is the one without.
+    """
+    calls = row.get("all_seconds")
+    if not calls or row.get("phases") or "seconds" not in row.get("predicted", {}):
+        return None
+    return row["predicted"]["seconds"] / min(calls) - 1.0
+
+
 def _prediction_cells(row: dict) -> tuple[str, str]:
-    """The predicted (ms) and error cells: empty without a prediction, ``n/a`` when it failed."""
+    """The predicted (ms) and error cells: empty without a prediction, ``n/a`` when it failed.
+
+    The error cell: against the median call, then in brackets against the
+    fastest call (:func:`fastest_call_error`) where there is one.
+    """
     predicted = row.get("predicted")
     if not predicted:
         return "", ""
     if "seconds" not in predicted:
         return "n/a", ""
-    return f"{1000 * predicted['seconds']:.1f}", f"{prediction_error(row):+.0%}"
+    error = f"{prediction_error(row):+.0%}"
+    fastest = fastest_call_error(row)
+    if fastest is not None:
+        error += f" ({fastest:+.0%})"
+    return f"{1000 * predicted['seconds']:.1f}", error
 
 
 def _breakdown(row: dict) -> tuple[float, float, float]:
