@@ -258,3 +258,14 @@ def test_error_against_the_fastest_call_is_in_brackets():
     assert "| 15.0 | -25% (+25%) |" in line
     phased = {**row, "phases": {"sampling": {}, "compressed": {}}}
     assert fastest_call_error(phased) is None  # its calls are of different phases
+
+
+def test_auto_rows_time_the_candidates_compressing_phase():
+    # auto's PowerSGD starts after 100 exact steps; a row of 5-9 calls would
+    # time the exact all-reduce under auto's name (cos 1.000, uncompressed time).
+    rules = agg_rows.make_compressor("auto")
+    powersgd = [c for c in rules.candidates.values() if hasattr(c, "start_step")]
+    assert powersgd and all(c.start_step == 0 for c in powersgd)
+    from tfcompress.planner.autoplan import auto_candidates  # noqa: PLC0415
+
+    assert auto_candidates()["powersgd rank 4"].start_step == 100  # the strategy's own is untouched
