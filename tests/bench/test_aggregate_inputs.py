@@ -181,6 +181,30 @@ def test_predict_row_of_uncompressed_is_the_ring_formula():
     assert got["aggregation_seconds"] == got["seconds"]  # no call cost given
 
 
+def test_predict_row_scales_the_compute_for_workers_that_share_the_cores():
+    from tfcompress.compressors import QSGD  # noqa: PLC0415
+
+    shapes = [(256, 256)]
+    calibration = assumed_calibration()
+    one = predict_row(QSGD(bits=4), shapes, 4, "allgather", LINK, calibration=calibration)
+    link = {**LINK, "compute_scale": 4.0}
+    four = predict_row(QSGD(bits=4), shapes, 4, "allgather", link, calibration=calibration)
+    assert four["compress_seconds"] == pytest.approx(4 * one["compress_seconds"])
+    assert four["wire_seconds"] == one["wire_seconds"]
+
+
+def test_shared_core_scale(monkeypatch):
+    from tfcompress.bench.aggregate.runner import shared_core_scale  # noqa: PLC0415
+
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    monkeypatch.setattr("tensorflow.config.threading.get_intra_op_parallelism_threads", lambda: 0)
+    assert [shared_core_scale(n) for n in (1, 2, 4)] == [1.0, 2.0, 4.0]
+    monkeypatch.setattr("os.cpu_count", lambda: 16)
+    assert [shared_core_scale(n) for n in (2, 8, 32)] == [2.0, 8.0, 32.0]
+    monkeypatch.setattr("tensorflow.config.threading.get_intra_op_parallelism_threads", lambda: 4)
+    assert [shared_core_scale(n) for n in (2, 8)] == [1.0, 2.0]
+
+
 def test_predict_row_adds_the_timed_calls_own_cost():
     shapes = [(1000, 1000)]
     link = {**LINK, "call_seconds": 0.0015}

@@ -137,6 +137,20 @@ def test_costs_of_an_uncalibrated_compressor():
         CompressorCosts(-1.0, 0.0, 0.0, 0.0)
 
 
+def test_scaled_multiplies_every_cost():
+    costs = CompressorCosts(1e-4, 1e-9, 2e-4, 2e-9, 3e-9)
+    cal = Calibration(costs={"QSGD()": costs}, machine={"cpu": "x"}, key="k")
+    doubled = cal.scaled(2)
+    assert doubled.costs["QSGD()"].as_dict() == pytest.approx(
+        {k: 2 * v for k, v in costs.as_dict().items()}
+    )
+    assert doubled.default is None and doubled.key == "k" and doubled.machine == {"cpu": "x"}
+    assert cal.costs["QSGD()"] == costs  # unchanged
+    for factor in (0, -2, float("nan"), float("inf"), True):
+        with pytest.raises(ValueError, match="factor="):
+            cal.scaled(factor)
+
+
 def test_a_real_calibration_with_a_tiny_budget(cache, caplog):
     # TensorFlow's logger does not propagate to the root logger caplog reads.
     tf_logger = logging.getLogger("tensorflow")

@@ -64,6 +64,21 @@ def test_all_gather_case():
     assert p.seconds == pytest.approx(p.compress_seconds + p.wire_seconds + p.decode_seconds)
 
 
+def test_compute_scale_multiplies_the_compute_and_nothing_else():
+    # Workers that share a machine's cores compute slower than the calibration's one process.
+    shapes = [(100_000,), (100,)]
+    kwargs = dict(workers=3, bandwidth=RATE, latency=ALPHA, aggregation="allgather")
+    one = predict(TopK(k=1000), shapes, calibration=assumed_calibration(), **kwargs)
+    four = predict(
+        TopK(k=1000), shapes, calibration=assumed_calibration(), compute_scale=4, **kwargs
+    )
+    assert four.compress_seconds == pytest.approx(4 * one.compress_seconds)
+    assert four.decode_seconds == pytest.approx(4 * one.decode_seconds)
+    assert four.wire_seconds == one.wire_seconds and four.bytes_per_worker == one.bytes_per_worker
+    scaled = assumed_calibration().scaled(4)
+    assert predict(TopK(k=1000), shapes, calibration=scaled, **kwargs) == four
+
+
 def test_two_stage_case():
     """QSGD 4-bit of 4,096 elements, N = 4: shards of 1,024, c(1024) = 8 + 640 bytes."""
     p = predict(

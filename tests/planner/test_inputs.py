@@ -77,6 +77,9 @@ def test_other_bad_arguments_name_themselves():
         predict(None, 12, **kwargs)
     with pytest.raises(ValueError, match="^min_size must be"):
         predict(None, [(10,)], min_size=0, **kwargs)
+    for scale in (0, -1.0, float("inf"), float("nan"), True, "2"):
+        with pytest.raises(ValueError, match="^compute_scale must be"):
+            predict(None, [(10,)], compute_scale=scale, **kwargs)
 
 
 def test_default_latency_and_min_size():

@@ -188,6 +188,37 @@ class Calibration:
             default=default,
         )
 
+    def scaled(self, factor: float) -> Calibration:
+        """Every cost (and the default) times ``factor``: compute ``factor`` times slower.
+
+        For workers that share a machine's cores: ``N`` worker processes on
+        ``C`` cores, each calibrated alone with ``T`` intra-op threads,
+        compute about ``max(1, N T / C)`` times slower than the calibration
+        says (``tfcompress bench aggregate`` predicts with that factor).
+
+        >>> Calibration.assumed(1e-9, 2e-9).scaled(4).default.encode_seconds(10**6)
+        0.004
+
+        Raises:
+          ValueError: ``factor`` is not a finite number > 0.
+        """
+        if (
+            isinstance(factor, bool)
+            or not isinstance(factor, int | float)
+            or not math.isfinite(factor)
+            or factor <= 0
+        ):
+            raise ValueError(f"Calibration.scaled(factor={factor!r}) needs a finite number > 0")
+
+        def times(costs: CompressorCosts) -> CompressorCosts:
+            return CompressorCosts(**{k: v * factor for k, v in costs.as_dict().items()})
+
+        return dataclasses.replace(
+            self,
+            costs={name: times(c) for name, c in self.costs.items()},
+            default=None if self.default is None else times(self.default),
+        )
+
     def has(self, compressor: Compressor) -> bool:
         """Whether ``compressor`` has costs here (its own, or the default)."""
         return self.default is not None or repr(compressor) in self.costs

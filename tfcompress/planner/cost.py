@@ -215,6 +215,7 @@ def predict(
     aggregation: paths.Aggregation | str = "auto",
     calibration: Calibration | None = None,
     min_size: int = 1024,
+    compute_scale: float = 1.0,
 ) -> Prediction:
     """Predicts the time of one aggregation of ``shapes`` (see the module docstring).
 
@@ -232,6 +233,10 @@ def predict(
       calibration: compute costs; ``None``: :func:`~tfcompress.planner.calibrate`
         for the compressors used (cached; times only what is missing).
       min_size: the policy's smallest compressed tensor (``CompressionPolicy(min_size=...)``).
+      compute_scale: every compute cost times this
+        (:meth:`~tfcompress.planner.calibration.Calibration.scaled`): for
+        workers that share the calibrated machine's cores, ``N T / C``
+        (``N`` processes on ``C`` cores, ``T`` threads in the calibration).
 
     Returns:
       A :class:`Prediction`.
@@ -245,6 +250,13 @@ def predict(
         raise ValueError(f"workers must be an integer >= 1, got {workers!r}")
     if isinstance(min_size, bool) or not isinstance(min_size, int) or min_size < 1:
         raise ValueError(f"min_size must be an integer >= 1, got {min_size!r}")
+    if (
+        isinstance(compute_scale, bool)
+        or not isinstance(compute_scale, int | float)
+        or not compute_scale > 0
+        or compute_scale == float("inf")
+    ):
+        raise ValueError(f"compute_scale must be a finite number > 0, got {compute_scale!r}")
     rate = link_rate(bandwidth, "bandwidth")
     alpha = latency_seconds(latency, "latency")
     settings = paths.Aggregation.of(aggregation)
@@ -265,6 +277,8 @@ def predict(
     ]
     if calibration is None and plans:
         calibration = calibrate([c for plan in plans for c in (plan.phase, plan.second) if c])
+    if compute_scale != 1.0 and calibration is not None:
+        calibration = calibration.scaled(compute_scale)
     rows = model.exact(specs, [i for i in range(len(specs)) if i not in set(compressed)])
     rows += model.flag_latency(rows, [plan.compressor for plan in plans])
     for plan in plans:

@@ -70,7 +70,11 @@ per block instead, see below. Columns:
   timed call's own cost (an empty step with the same tensors in and out,
   timed once per cell: ``call_seconds``), and ``predicted / measured - 1``
   (in brackets: against the row's fastest call, a call without a stall of
-  a worker that waited for a core; the model has no stalls).
+  a worker that waited for a core; the model has no stalls). Launched
+  workers share this machine's cores, so the prediction's compute costs are
+  the calibration's times ``max(1, N T / C)``
+  (:func:`~tfcompress.bench.aggregate.runner.shared_core_scale`;
+  ``compute_scale`` in the JSON; 1 for a ``tf_config`` cluster).
   The link: the rate and latency of the probe collective of
   ``compression="auto"`` (:func:`tfcompress.distribute.auto.probe_link`,
   run once per cell by every worker), the rate the collectives get (below

@@ -104,8 +104,9 @@ def predict_row(
       aggregation: the row's ``tfcompress.distribute.Aggregation``.
       link: ``bandwidth`` (bits/s) and ``latency`` (seconds per message),
         optionally ``call_seconds`` (the timed call's own cost, added to the
-        prediction), and whatever else should be stored with the prediction
-        (where they came from).
+        prediction) and ``compute_scale`` (``planner.predict``'s: the
+        workers share this machine's cores), and whatever else should be
+        stored with the prediction (where they came from).
       calibration: compute costs; ``None``: this machine's, cached
         (``tfcompress.planner.calibrate``).
 
@@ -128,6 +129,7 @@ def predict_row(
             latency=link["latency"],
             aggregation=aggregation,
             calibration=calibration,
+            compute_scale=link.get("compute_scale", 1.0),
         )
     except ValueError as error:
         return {"error": str(error), **link}

@@ -68,6 +68,12 @@ def worker_main(argv: list[str]) -> int:
     parser.add_argument("--out", required=True)
     parser.add_argument("--bandwidth", default="none", help="the cell's link rate, or none")
     parser.add_argument("--predict", action="store_true", help="add the planner's prediction")
+    parser.add_argument(
+        "--compute-scale",
+        type=float,
+        default=1.0,
+        help="the predictions' compute costs times this (workers sharing the machine's cores)",
+    )
     args = parser.parse_args(argv)
 
     import numpy as np  # noqa: PLC0415
@@ -133,6 +139,7 @@ def worker_main(argv: list[str]) -> int:
     grads = random_gradients(0)
     if link is not None:
         link["call_seconds"] = _call_seconds(strategy, barrier, grads)
+        link["compute_scale"] = args.compute_scale
 
     def time_row(label: str, compressor, aggregation) -> dict:
         tfcompress.distribute.set_compression(strategy, compressor, aggregation=aggregation)
