@@ -50,6 +50,11 @@ pipeline overlaps the collectives of one pack with the compression of the
 next and the decoding of the previous, so with several packs the real time
 can be lower (down to the largest of the three sums); with one pack it cannot.
 
+The compute terms are one worker's on a machine of its own; ``N`` workers
+that share ``C`` cores (a one-machine test cluster) compute about
+``N T / C`` times slower (``T``: the calibration's threads), which
+``compute_scale`` multiplies in.
+
 What is not modelled: the non-finite flag that rides the exact all-reduce
 (its latency is counted, its 4 bytes are not), payloads summed per dtype
 (one collective per pack and round is assumed), the sharding and bucket
