@@ -74,6 +74,7 @@ __all__ = [
     "cache_path",
     "calibrate",
     "machine_facts",
+    "scale_factor",
 ]
 
 #: Version of the JSON file's layout and of what its points measure (2: the
@@ -202,13 +203,7 @@ class Calibration:
         Raises:
           ValueError: ``factor`` is not a finite number > 0.
         """
-        if (
-            isinstance(factor, bool)
-            or not isinstance(factor, int | float)
-            or not math.isfinite(factor)
-            or factor <= 0
-        ):
-            raise ValueError(f"Calibration.scaled(factor={factor!r}) needs a finite number > 0")
+        factor = scale_factor(factor, "Calibration.scaled(factor=...)")
 
         def times(costs: CompressorCosts) -> CompressorCosts:
             return CompressorCosts(**{k: v * factor for k, v in costs.as_dict().items()})
@@ -239,6 +234,25 @@ class Calibration:
                 "predict, which does)"
             )
         return found
+
+
+def scale_factor(value: float, option: str) -> float:
+    """``value`` as a float, checked to be a finite number > 0 (a compute scale).
+
+    Raises:
+      ValueError: it is not; the message names ``option``.
+
+    >>> scale_factor(2, "compute_scale")
+    2.0
+    """
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise ValueError(f"{option} must be a finite number > 0, got {value!r}")
+    return float(value)
 
 
 def machine_facts() -> dict[str, str]:

@@ -72,7 +72,7 @@ from tfcompress.compressors.base import Compressor
 from tfcompress.compressors.state import TensorContext
 from tfcompress.compressors.switch import Switch
 from tfcompress.planner import alpha_beta, paths
-from tfcompress.planner.calibration import Calibration, calibrate
+from tfcompress.planner.calibration import Calibration, calibrate, scale_factor
 from tfcompress.planner.link import latency_seconds, link_rate
 
 __all__ = ["PATHS", "Prediction", "UnitRow", "predict", "tensor_specs"]
@@ -255,13 +255,7 @@ def predict(
         raise ValueError(f"workers must be an integer >= 1, got {workers!r}")
     if isinstance(min_size, bool) or not isinstance(min_size, int) or min_size < 1:
         raise ValueError(f"min_size must be an integer >= 1, got {min_size!r}")
-    if (
-        isinstance(compute_scale, bool)
-        or not isinstance(compute_scale, int | float)
-        or not compute_scale > 0
-        or compute_scale == float("inf")
-    ):
-        raise ValueError(f"compute_scale must be a finite number > 0, got {compute_scale!r}")
+    compute_scale = scale_factor(compute_scale, "compute_scale")
     rate = link_rate(bandwidth, "bandwidth")
     alpha = latency_seconds(latency, "latency")
     settings = paths.Aggregation.of(aggregation)
