@@ -319,7 +319,12 @@ def _table(advice, description: str, tensors: int, parameters: int, assumed: boo
             for k in range(len(header))
         ]
         lines.append("  ".join(cells).rstrip())
+    plan = advice.auto
+    none_seconds = next(c for c in advice.candidates if c.name == "none").prediction.seconds
+    speedup = none_seconds / plan.seconds if plan.seconds > 0 else float("inf")
     lines += [
+        "",
+        f"{plan.text()}: {plan.seconds * 1e3:,.1f} ms, {_times(speedup)} vs none",
         "",
         "Predicted by the cost model (docs/PLANNER.md): one aggregation, compute and "
         "collectives in sequence; time = compress + wire + decode.",

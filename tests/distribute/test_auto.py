@@ -83,7 +83,11 @@ def test_the_string_auto_measures_the_link_with_a_probe(stated_costs):
     strategy = tfcompress.distribute.MirroredStrategy(DEVICES, compression="auto")
     plan = plan_of(strategy)
     assert plan.workers == 2 and plan.bandwidth > 0 and plan.latency >= 0
-    assert repr(tfcompress.distribute.compression_of(strategy)) == "auto(accuracy='safe')"
+    assert (
+        repr(tfcompress.distribute.compression_of(strategy))
+        == "auto(accuracy='safe', min_speedup=1.5)"
+    )
+    assert plan.min_speedup == 1.5
 
 
 @pytest.mark.parametrize("n", [2, 4])

@@ -50,6 +50,8 @@ def test_the_table(capsys):
     assert f"{expected.seconds * 1e3:,.1f}" in rows["qsgd 4-bit"]
     assert "two-stage" in rows["qsgd 4-bit"]
     assert sum("fastest" in r for r in rows.values()) == 1
+    plan = next(line for line in lines if line.startswith("auto (min_speedup 1.5): "))
+    assert plan.endswith("x vs none") and "ms" in plan
 
 
 def test_json_structure(capsys):
@@ -78,6 +80,37 @@ def test_json_structure(capsys):
     assert by_name["none"]["compression"] == "none" and by_name["none"]["paths"] == ["exact"]
     assert by_name["powersgd rank 4"]["paths"] == ["all-reduce"]
     assert result["fastest"] == min(result["candidates"], key=lambda c: c["seconds"])["name"]
+    plan = result["auto"]
+    assert set(plan) == {"labels", "tensors", "seconds", "min_speedup"}
+    assert plan["min_speedup"] == 1.5
+    # ResNet-20's 19 conv kernels are planned (>= 1,024 elements); its BN vectors are not.
+    distinct = {tuple(s) for s in gradient_shapes("resnet20") if math.prod(s) >= 1024}
+    assert sum(plan["tensors"].values()) == 19 and len(plan["labels"]) == len(distinct) == 6
+    assert set(plan["labels"].values()) <= set(CANDIDATES)
+
+
+def test_the_plan_auto_would_take_is_the_strategys_choose_all():
+    """advise's auto line is choose_all's plan of the tensors the default policy plans,
+    with its margin: a plan under min_speedup keeps everything exact."""
+    from tfcompress.planner import autoplan  # noqa: PLC0415
+
+    shapes = gradient_shapes("resnet20")
+    kwargs = dict(workers=4, bandwidth="1gbit", calibration=assumed_calibration())
+    got = advise(shapes, **kwargs)
+    specs = [(s, "float32") for s in shapes if math.prod(s) >= 1024]
+    want = autoplan.choose_all(specs, autoplan.auto_candidates(), **kwargs, latency=0.002)
+    assert got.auto.labels == {c.key: c.label for c in want}
+    none = got.candidates[0].prediction.seconds
+    compressed = set(got.auto.labels.values()) - {"none"}
+    if compressed:
+        assert none / got.auto.seconds >= 1.5
+    relaxed = advise(shapes, min_speedup=1, **kwargs)
+    assert relaxed.auto.seconds <= got.auto.seconds
+    exact = advise(shapes, min_speedup=1000, **kwargs)
+    assert set(exact.auto.labels.values()) == {"none"} and exact.auto.seconds == none
+    assert "none, every tensor exact" in exact.auto.text()
+    with pytest.raises(ValueError, match="min_speedup must be a number >= 1"):
+        advise(shapes, min_speedup=0.5, **kwargs)
 
 
 def test_a_json_file_of_shapes(capsys, tmp_path):

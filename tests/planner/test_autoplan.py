@@ -130,7 +130,7 @@ def test_plan_text_lists_every_choice_after_the_setting():
     plan = Plan(workers=2, bandwidth=1e8, latency=0.002)
     plan.choices["float32[4]"] = Choice("float32[4]", "none", 1e-6, 1e-6, {"none": 1e-6})
     lines = plan.text().splitlines()
-    assert lines[0] == "auto plan for 2 replicas at 100 Mbit/s, latency 2.000 ms"
+    assert lines[0] == "auto plan for 2 replicas at 100 Mbit/s, latency 2.000 ms, min_speedup 1.5"
     assert (
         lines[1].startswith("float32[4] -> none")
         and plan.as_dict()["choices"][0]["label"] == "none"
@@ -159,6 +159,11 @@ def test_aggressive_adds_candidates_and_every_candidate_is_calibrated():
         ({"bandwidth": "fast"}, "auto(bandwidth=...)"),
         ({"bandwidth": -5}, "auto(bandwidth=...)"),
         ({"latency": -1.0}, "auto(latency=...)"),
+        ({"min_speedup": 0.9}, "auto(min_speedup=...)"),
+        ({"min_speedup": float("inf")}, "auto(min_speedup=...)"),
+        ({"min_speedup": float("nan")}, "auto(min_speedup=...)"),
+        ({"min_speedup": True}, "auto(min_speedup=...)"),
+        ({"min_speedup": "2"}, "auto(min_speedup=...)"),
     ],
 )
 def test_bad_options_name_themselves(kwargs, option):
@@ -234,3 +239,61 @@ def test_the_whole_list_plan_keeps_everything_exact_when_nothing_pays():
         calibration=assumed_calibration(),
     )
     assert [c.label for c in whole] == ["none", "none"]
+
+
+# fp16 on float32[1000, 1000] at 1.4 Gbit/s with 2 workers (the hand formulas of
+# test_marginal_seconds_follow_the_formulas_by_hand): none 32 N / R = 22.9 ms, fp16
+# 16 N / R + 4.03 ms of compute + 2 ms of latency = 17.5 ms: 1.31x faster.
+MARGINAL = dict(workers=2, bandwidth=1.4e9, latency=0.001)
+
+
+def test_a_compressor_must_be_predicted_min_speedup_times_faster_than_none():
+    """A 1.31x predicted gain is not taken under the default 1.5 (the model's error and
+    the fidelity lost would eat it), and is taken when the user asks for 1.3 or 1."""
+    candidates = {"none": None, "fp16": FP16()}
+    calibration = assumed_calibration()
+    default = choose((1000, 1000), "float32", candidates, calibration=calibration, **MARGINAL)
+    ratio = default.none_seconds / default.candidates["fp16"]
+    assert ratio == pytest.approx(1.309, abs=1e-3)
+    assert default.label == "none" and default.min_speedup == 1.5
+    assert "fp16 predicted 1.31x faster, under min_speedup 1.5" in default.text()
+    for min_speedup in (1, 1.3):
+        taken = choose(
+            (1000, 1000),
+            "float32",
+            candidates,
+            calibration=calibration,
+            min_speedup=min_speedup,
+            **MARGINAL,
+        )
+        assert taken.label == "fp16" and taken.seconds == default.candidates["fp16"]
+    with pytest.raises(ValueError, match="min_speedup must be a number >= 1"):
+        choose((4, 4), "float32", candidates, calibration=calibration, min_speedup=0, **MARGINAL)
+
+
+def test_the_whole_list_plan_needs_min_speedup_over_uncompressed():
+    from tfcompress.planner.autoplan import choose_all, plan_seconds  # noqa: PLC0415
+
+    specs = [((1000, 1000), "float32")] * 3
+    candidates = {"none": None, "fp16": FP16()}
+    args = dict(calibration=assumed_calibration(), **MARGINAL)
+    assert [c.label for c in choose_all(specs, candidates, **args)] == ["none"]
+    # Three tensors in one pack share its latency: 68.6 ms against 50.4 ms; the exact
+    # all-reduce's 2 (N-1) alpha = 2 ms runs under either plan and counts on both sides
+    # of the margin: 70.6 / 52.4 = 1.35x, so 1.3 compresses and 1.36 does not.
+    totals = [
+        plan_seconds(specs, {"float32[1000, 1000]": label}, candidates, **args) + 0.002
+        for label in ("none", "fp16")
+    ]
+    assert totals[0] / totals[1] == pytest.approx(1.347, abs=1e-3)
+    assert [c.label for c in choose_all(specs, candidates, min_speedup=1.3, **args)] == ["fp16"]
+    assert [c.label for c in choose_all(specs, candidates, min_speedup=1.36, **args)] == ["none"]
+
+
+def test_auto_options_carry_min_speedup_to_the_settings_check():
+    from tfcompress.distribute.auto import AutoRules  # noqa: PLC0415
+
+    assert auto(min_speedup=2) == Auto(min_speedup=2.0) and Auto().min_speedup == 1.5
+    one, two = AutoRules(Auto()), AutoRules(Auto(min_speedup=1))
+    assert one.get_config()["auto"] == {"accuracy": "safe", "min_speedup": 1.5}
+    assert one.get_config() != two.get_config()

@@ -148,7 +148,12 @@ class AutoRules(CompressionRules):
         self._calibration = calibration
         self._policy = policy
         self._aggregation = aggregation
-        self.plan = Plan(workers=workers, bandwidth=rate, latency=alpha)
+        self.plan = Plan(
+            workers=workers,
+            bandwidth=rate,
+            latency=alpha,
+            min_speedup=self.options.min_speedup,
+        )
         _log.info(
             "tfcompress: compression='auto' plans for %d replicas at %s, latency %.3f ms "
             "(%s), costs of worker 0's calibration",
@@ -221,6 +226,7 @@ class AutoRules(CompressionRules):
             "latency": self.plan.latency,
             "calibration": self._calibration,
             "aggregation": self._aggregation,
+            "min_speedup": self.options.min_speedup,
         }
 
     def _plannable(self, value) -> bool:
@@ -248,10 +254,11 @@ class AutoRules(CompressionRules):
 
     def get_config(self) -> dict:
         # The link and calibration are not compared: prepare() makes them equal.
-        return {"auto": {"accuracy": self.options.accuracy}, "candidates": dict(self.candidates)}
+        options = {"accuracy": self.options.accuracy, "min_speedup": self.options.min_speedup}
+        return {"auto": options, "candidates": dict(self.candidates)}
 
     def __repr__(self) -> str:
-        return f"auto(accuracy={self.options.accuracy!r})"
+        return f"auto(accuracy={self.options.accuracy!r}, min_speedup={self.options.min_speedup:g})"
 
 
 def plan_of(strategy) -> Plan | None:

@@ -71,7 +71,7 @@ def _compressor_of(compression, **options) -> Compressor | CompressionRules | No
         if options:
             raise ValueError(
                 "compression='auto' takes no options here; use "
-                "tfcompress.planner.auto(accuracy=..., bandwidth=..., latency=...)"
+                "tfcompress.planner.auto(accuracy=..., bandwidth=..., latency=..., min_speedup=...)"
             )
         return rules
     if isinstance(compression, CompressionRules):
@@ -116,7 +116,9 @@ def MultiWorkerMirroredStrategy(  # noqa: N802 - mirrors tf.distribute's class n
         :class:`~tfcompress.distribute.CompressionRules`, ``None`` for
         exact aggregation (traffic is still counted), or ``"auto"`` /
         ``tfcompress.planner.auto(...)``: per gradient shape, the safe
-        candidate of least predicted time (:mod:`tfcompress.planner.autoplan`).
+        candidate of least predicted time where it is predicted at least
+        ``min_speedup`` (1.5) times faster than uncompressed
+        (:mod:`tfcompress.planner.autoplan`).
       cluster_resolver: as in TensorFlow.
       communication_options: as in TensorFlow (implementation, timeout,
         bytes per pack); they apply to the compressed payloads too. A

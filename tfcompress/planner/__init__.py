@@ -23,7 +23,7 @@ import importlib
 
 # Module -> the public names it defines, imported when first asked for.
 _EXPORTS: dict[str, tuple[str, ...]] = {
-    "advice": ("Advice", "Candidate", "advise"),
+    "advice": ("Advice", "AutoAdvice", "Candidate", "advise"),
     "autoplan": ("Auto", "auto"),
     "calibration": ("Calibration", "CompressorCosts", "calibrate"),
     "candidates": ("safe_candidates",),

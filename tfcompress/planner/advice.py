@@ -13,11 +13,15 @@ import dataclasses
 from collections.abc import Mapping
 
 from tfcompress.compressors.base import Compressor
+from tfcompress.planner import autoplan
 from tfcompress.planner.calibration import Calibration, calibrate
 from tfcompress.planner.candidates import safe_candidates
-from tfcompress.planner.cost import Prediction, predict
+from tfcompress.planner.cost import Prediction, predict, tensor_specs
 
-__all__ = ["Advice", "Candidate", "advise"]
+__all__ = ["Advice", "AutoAdvice", "Candidate", "advise"]
+
+#: The smallest tensor ``compression="auto"`` plans (the default policy's ``min_size``).
+AUTO_MIN_SIZE = 1024
 
 #: The label of the uncompressed candidate, and of the one every candidate is also compared with.
 UNCOMPRESSED = "none"
@@ -61,6 +65,47 @@ class Candidate:
 
 
 @dataclasses.dataclass(frozen=True)
+class AutoAdvice:
+    """The plan ``compression="auto"`` would make (:func:`~tfcompress.planner.autoplan.choose_all`).
+
+    Attributes:
+      labels: the chosen candidate per planned dtype and shape
+        (``"float32[3, 3, 64, 64]"``), in first-seen order.
+      tensors: how many tensors of the list take each label (the tensors
+        ``auto`` does not plan, below 1,024 elements or not float, travel
+        exactly and are not counted).
+      seconds: the plan's predicted seconds for the whole list (the
+        uncompressed prediction with the planned tensors' share replaced by
+        the plan's, :func:`~tfcompress.planner.autoplan.plan_seconds`).
+      min_speedup: the margin the plan was made with.
+    """
+
+    labels: Mapping[str, str]
+    tensors: Mapping[str, int]
+    seconds: float
+    min_speedup: float
+
+    def text(self) -> str:
+        """One line: what each label takes, or why everything stays exact."""
+        compressed = {label: n for label, n in self.tensors.items() if label != UNCOMPRESSED}
+        if not compressed:
+            return (
+                f"auto (min_speedup {self.min_speedup:g}): none, every tensor exact "
+                "(no plan is predicted that much faster)"
+            )
+        parts = [f"{label} for {n} tensor{'s' * (n != 1)}" for label, n in compressed.items()]
+        return f"auto (min_speedup {self.min_speedup:g}): {', '.join(parts)}; the others exact"
+
+    def as_dict(self) -> dict:
+        return {
+            "labels": dict(self.labels),
+            "tensors": dict(self.tensors),
+            "seconds": self.seconds,
+            "min_speedup": self.min_speedup,
+        }
+
+
+@dataclasses.dataclass(frozen=True)
 class Advice:
     """The candidates of :func:`advise`, in the order given.
 
@@ -68,6 +113,7 @@ class Advice:
       candidates: one :class:`Candidate` each.
       workers, bandwidth, latency: the setting (bits/s, seconds per message).
       calibration: the compute costs used.
+      auto: the plan ``compression="auto"`` would make with these candidates.
     """
 
     candidates: tuple[Candidate, ...]
@@ -75,6 +121,7 @@ class Advice:
     bandwidth: float
     latency: float
     calibration: Calibration
+    auto: AutoAdvice
 
     @property
     def fastest(self) -> Candidate:
@@ -92,6 +139,7 @@ class Advice:
             },
             "candidates": [c.as_dict() for c in self.candidates],
             "fastest": self.fastest.name,
+            "auto": self.auto.as_dict(),
         }
 
 
@@ -104,8 +152,9 @@ def advise(
     aggregation: str = "auto",
     calibration: Calibration | None = None,
     candidates: Mapping[str, Compressor | None] | None = None,
+    min_speedup: float = autoplan.DEFAULT_MIN_SPEEDUP,
 ) -> Advice:
-    """Predicts one aggregation of ``shapes`` with every candidate.
+    """Predicts one aggregation of ``shapes`` with every candidate, and ``auto``'s plan.
 
     Args:
       shapes, workers, bandwidth, latency, aggregation: as for
@@ -114,9 +163,11 @@ def advise(
         of the candidates (cached).
       candidates: label -> compressor (``None``: uncompressed); default the
         safe set. Must contain ``"none"``, the baseline.
+      min_speedup: ``auto``'s margin (:class:`~tfcompress.planner.autoplan.Auto`).
 
     Raises:
-      ValueError: as :func:`~tfcompress.planner.predict`, or no ``"none"`` candidate.
+      ValueError: as :func:`~tfcompress.planner.predict`, no ``"none"``
+        candidate, or a ``min_speedup`` below 1.
     """
     candidates = dict(safe_candidates() if candidates is None else candidates)
     if UNCOMPRESSED not in candidates or candidates[UNCOMPRESSED] is not None:
@@ -148,7 +199,45 @@ def advise(
         for name, p in predictions.items()
     )
     reference = predictions[UNCOMPRESSED]
-    return Advice(rows, workers, reference.bandwidth, reference.latency, calibration)
+    plan = _auto_advice(
+        shapes,
+        candidates,
+        baseline,
+        workers=workers,
+        bandwidth=reference.bandwidth,
+        latency=reference.latency,
+        calibration=calibration,
+        aggregation=aggregation,
+        min_speedup=min_speedup,
+    )
+    return Advice(rows, workers, reference.bandwidth, reference.latency, calibration, plan)
+
+
+def _auto_advice(
+    shapes, candidates, baseline: float, *, min_speedup: float, **options
+) -> AutoAdvice:
+    """``auto``'s plan of ``shapes`` (the tensors its default policy plans) and its seconds."""
+    specs = [
+        (s.shape, s.dtype)
+        for s in tensor_specs(shapes)
+        if s.dtype.is_floating and s.shape.num_elements() >= AUTO_MIN_SIZE
+    ]
+    min_speedup = autoplan.min_speedup_value(min_speedup)
+    if not specs:
+        return AutoAdvice({}, {}, baseline, min_speedup)
+    choices = autoplan.choose_all(specs, candidates, min_speedup=min_speedup, **options)
+    labels = {c.key: c.label for c in choices}
+    none = {key: UNCOMPRESSED for key in labels}
+    seconds = (
+        baseline
+        - autoplan.plan_seconds(specs, none, candidates, **options)
+        + autoplan.plan_seconds(specs, labels, candidates, **options)
+    )
+    tensors: dict[str, int] = {}
+    for shape, dtype in specs:
+        label = labels[autoplan.shape_key(shape, dtype)]
+        tensors[label] = tensors.get(label, 0) + 1
+    return AutoAdvice(labels, tensors, seconds, min_speedup)
 
 
 def _ratio(reference: float, seconds: float) -> float:

@@ -16,7 +16,8 @@ the words of the cost model (:mod:`~tfcompress.planner.cost`):
    aggregated (at trace time, in the order of the gradient list, the same on
    every worker), :func:`choose` predicts, for each candidate, the
    *marginal* seconds that tensor adds to one aggregation, given the choices
-   made before it, and the least wins (``none`` on ties)::
+   made before it; the least compressed candidate wins if it is predicted at
+   least ``min_speedup`` times faster than ``none``, else ``none`` does::
 
        none         ring(B) - 2 (N-1) alpha
                     (the bytes only: the exact all-reduce runs anyway for the
@@ -31,10 +32,18 @@ the words of the cost model (:mod:`~tfcompress.planner.cost`):
    At the first aggregation the strategy hands the whole gradient list to
    :func:`choose_all`, which keeps the greedy plan only when its predicted
    total (:func:`plan_seconds`) beats every uniform plan (one candidate for
-   every tensor) and uncompressed: alone, a small tensor ahead of the large
-   ones cannot pay a compressor's latency and the greedy pass would leave
-   it, and the ones after it, exact. Shapes first seen later are planned
-   one by one.
+   every tensor), and keeps the best of them only when it is predicted at
+   least ``min_speedup`` times faster than uncompressed: alone, a small
+   tensor ahead of the large ones cannot pay a compressor's latency and the
+   greedy pass would leave it, and the ones after it, exact. Shapes first
+   seen later are planned one by one.
+   ``min_speedup`` (:data:`DEFAULT_MIN_SPEEDUP`, 1.5) is the margin a lossy
+   choice must clear: the model's compressed predictions err mostly on the
+   fast side (compute under contention, small-message stalls: docs/PLANNER.md
+   measured -16% to -65% on the loopback, within 25% on emulated links), so a
+   plan predicted 1.5x faster is still faster when its prediction is a third
+   too fast, and a plan predicted 1.01x faster (the loopback with 4 workers)
+   would cost fidelity for nothing.
    Tensors the policy never compresses (below ``min_size``, not float) are
    not planned: they travel exactly under any choice.
 3. **The plan** (:class:`Plan`): each shape's :class:`Choice` (winner,
@@ -76,6 +85,7 @@ from tfcompress.planner.link import format_rate, latency_seconds, link_rate
 
 __all__ = [
     "ACCURACY",
+    "DEFAULT_MIN_SPEEDUP",
     "Auto",
     "Choice",
     "Plan",
@@ -83,6 +93,7 @@ __all__ = [
     "auto_candidates",
     "choose",
     "choose_all",
+    "min_speedup_value",
     "shape_key",
     "timed_compressors",
 ]
@@ -92,6 +103,10 @@ ACCURACY = ("safe", "aggressive")
 
 #: The label of the uncompressed candidate.
 NONE = "none"
+
+#: How many times faster than uncompressed a plan must be predicted before
+#: ``auto`` compresses (module docstring: the model's error and fidelity's cost).
+DEFAULT_MIN_SPEEDUP = 1.5
 
 
 def auto_candidates(accuracy: str = "safe") -> dict[str, Compressor | None]:
@@ -130,10 +145,13 @@ class Auto:
         ``None``: measured by a probe collective at strategy creation.
       latency: seconds per message; ``None``: measured with the bandwidth
         when that is measured, else :data:`~tfcompress.planner.link.DEFAULT_LATENCY`.
+      min_speedup: compress only where the plan is predicted at least this
+        many times faster than uncompressed (>= 1; 1 takes any predicted
+        gain). Default :data:`DEFAULT_MIN_SPEEDUP`.
 
     Raises:
-      ValueError: an unknown ``accuracy``, or a bad rate or latency (the
-        message names the option).
+      ValueError: an unknown ``accuracy``, a bad rate or latency, or a
+        ``min_speedup`` below 1 (the message names the option).
 
     >>> Auto(bandwidth="100mbit").rate
     100000000.0
@@ -142,6 +160,7 @@ class Auto:
     accuracy: str = "safe"
     bandwidth: float | str | None = None
     latency: float | None = None
+    min_speedup: float = DEFAULT_MIN_SPEEDUP
 
     def __post_init__(self):
         auto_candidates(self.accuracy)  # validates accuracy
@@ -149,6 +168,9 @@ class Auto:
             link_rate(self.bandwidth, "auto(bandwidth=...)")
         if self.latency is not None:
             latency_seconds(self.latency, "auto(latency=...)")
+        object.__setattr__(
+            self, "min_speedup", min_speedup_value(self.min_speedup, "auto(min_speedup=...)")
+        )
 
     @property
     def rate(self) -> float | None:
@@ -161,10 +183,30 @@ class Auto:
 
 
 def auto(
-    accuracy: str = "safe", *, bandwidth: float | str | None = None, latency: float | None = None
+    accuracy: str = "safe",
+    *,
+    bandwidth: float | str | None = None,
+    latency: float | None = None,
+    min_speedup: float = DEFAULT_MIN_SPEEDUP,
 ) -> Auto:
     """``compression=auto(...)`` for the strategies: :class:`Auto` of these options."""
-    return Auto(accuracy=accuracy, bandwidth=bandwidth, latency=latency)
+    return Auto(accuracy=accuracy, bandwidth=bandwidth, latency=latency, min_speedup=min_speedup)
+
+
+def min_speedup_value(value, option: str = "min_speedup") -> float:
+    """``value`` as a float >= 1 (a plan's required predicted speed-up over uncompressed).
+
+    Raises:
+      ValueError: not a finite number >= 1 (the message names ``option``).
+
+    >>> min_speedup_value(2)
+    2.0
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 1:
+        raise ValueError(f"{option} must be a number >= 1, got {value!r}")
+    if not math.isfinite(value):
+        raise ValueError(f"{option} must be finite, got {value!r}")
+    return float(value)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,6 +220,7 @@ class Choice:
       none_seconds: uncompressed's.
       candidates: every candidate's seconds, by label (``inf``: it cannot
         take this tensor).
+      min_speedup: the speed-up over ``none`` a compressed winner needed.
     """
 
     key: str
@@ -185,16 +228,25 @@ class Choice:
     seconds: float
     none_seconds: float
     candidates: Mapping[str, float]
+    min_speedup: float = 1.0
 
     def text(self) -> str:
-        """One line for the log: winner, its seconds and uncompressed's."""
-        why = (
-            "compression does not pay"
-            if self.label == NONE
-            else f"{self.none_seconds / self.seconds:.2f}x faster than none"
-            if self.seconds > 0
-            else "no cost"
-        )
+        """One line for the log: winner, its seconds and uncompressed's, and why."""
+        if self.label != NONE:
+            why = (
+                f"{self.none_seconds / self.seconds:.2f}x faster than none"
+                if self.seconds > 0
+                else "no cost"
+            )
+        else:
+            best = _best_compressed(self.candidates)
+            seconds = math.inf if best is None else self.candidates[best]
+            why = "compression does not pay"
+            if 0 < seconds < self.none_seconds:
+                why = (
+                    f"{best} predicted {self.none_seconds / seconds:.2f}x faster, "
+                    f"under min_speedup {self.min_speedup:g}"
+                )
         return (
             f"{self.key} -> {self.label}: predicted {self.seconds * 1e3:.3f} ms vs none "
             f"{self.none_seconds * 1e3:.3f} ms ({why})"
@@ -214,12 +266,13 @@ class Plan:
     bandwidth: float
     latency: float
     choices: dict[str, Choice] = dataclasses.field(default_factory=dict)
+    min_speedup: float = DEFAULT_MIN_SPEEDUP
 
     def text(self) -> str:
         """Every choice, one per line, after the setting (the same on every worker)."""
         head = (
             f"auto plan for {self.workers} replicas at {format_rate(self.bandwidth)}, "
-            f"latency {self.latency * 1e3:.3f} ms"
+            f"latency {self.latency * 1e3:.3f} ms, min_speedup {self.min_speedup:g}"
         )
         return "\n".join([head, *(c.text() for c in self.choices.values())])
 
@@ -228,6 +281,7 @@ class Plan:
             "workers": self.workers,
             "bandwidth": self.bandwidth,
             "latency": self.latency,
+            "min_speedup": self.min_speedup,
             "choices": [dataclasses.asdict(c) for c in self.choices.values()],
         }
 
@@ -256,6 +310,7 @@ def choose(
     calibration: Calibration,
     aggregation: paths.Aggregation | str = "auto",
     shared: Collection[str] = (),
+    min_speedup: float = DEFAULT_MIN_SPEEDUP,
 ) -> Choice:
     """The candidate of least predicted marginal seconds for one tensor (module docstring).
 
@@ -271,15 +326,19 @@ def choose(
       aggregation: the strategy's aggregation.
       shared: labels chosen by earlier shapes: their collectives run anyway,
         so their latency is not charged again.
+      min_speedup: the compressed candidate of least seconds wins only if
+        ``none``'s seconds are at least this many times its own.
 
     Returns:
       The :class:`Choice`; ``"none"`` wins ties.
 
     Raises:
-      ValueError: no ``"none"`` candidate, or an argument ``predict`` refuses.
+      ValueError: no ``"none"`` candidate, a ``min_speedup`` below 1, or an
+        argument ``predict`` refuses.
     """
     if NONE not in candidates or candidates[NONE] is not None:
         raise ValueError(f"candidates must map {NONE!r} to None (the baseline)")
+    min_speedup = min_speedup_value(min_speedup)
     shape, dtype = tf.TensorShape(shape), tf.as_dtype(dtype)
     rate = link_rate(bandwidth, "bandwidth")
     alpha = latency_seconds(latency, "latency")
@@ -296,14 +355,30 @@ def choose(
         )
         for label, compressor in candidates.items()
     }
-    label = min(seconds, key=lambda name: (seconds[name], name != NONE))
+    best = _best_compressed(seconds)
+    label = best if best is not None and _pays(seconds[best], seconds[NONE], min_speedup) else NONE
     return Choice(
         key=shape_key(shape, dtype),
         label=label,
         seconds=seconds[label],
         none_seconds=seconds[NONE],
         candidates=seconds,
+        min_speedup=min_speedup,
     )
+
+
+def _best_compressed(seconds: Mapping[str, float]) -> str | None:
+    """The compressed label of least finite seconds (the first of equals); ``None``: none."""
+    finite = [label for label, s in seconds.items() if label != NONE and math.isfinite(s)]
+    return min(finite, key=lambda label: seconds[label]) if finite else None
+
+
+def _pays(seconds: float, none_seconds: float, min_speedup: float) -> bool:
+    """Whether ``seconds`` is at least ``min_speedup`` times faster than ``none_seconds``.
+
+    Strictly: a tie is uncompressed's (with ``min_speedup=1`` too).
+    """
+    return seconds * min_speedup < none_seconds
 
 
 def choose_all(
@@ -315,6 +390,7 @@ def choose_all(
     latency: float | None,
     calibration: Calibration,
     aggregation: paths.Aggregation | str = "auto",
+    min_speedup: float = DEFAULT_MIN_SPEEDUP,
 ) -> list[Choice]:
     """A plan of the whole gradient list: the greedy per-shape plan, or one candidate for all.
 
@@ -324,8 +400,10 @@ def choose_all(
     where compressing all of them together pays. This compares, by the
     predicted seconds of the whole list (:func:`plan_seconds`), the greedy
     plan with every *uniform* plan (one candidate for every tensor it can
-    take, the others exact) and returns the least (ties: uncompressed
-    first, then greedy, then the candidates' order). So ``auto`` is never
+    take, the others exact) and keeps the least (ties: greedy first, then
+    the candidates' order) if it makes the whole aggregation (the exact
+    all-reduce's latency, paid under any plan, included) predicted at least
+    ``min_speedup`` times faster than uncompressed, else uncompressed. So ``auto`` is never
     predicted slower than the best single candidate, nor than uncompressed.
 
     A pure function of its arguments: every worker makes the same plan.
@@ -333,14 +411,15 @@ def choose_all(
     Args:
       specs: ``(shape, dtype)`` of every planned gradient, in the list's
         order (repeated shapes included: each counts in the total).
-      candidates, workers, bandwidth, latency, calibration, aggregation: as
-        for :func:`choose`.
+      candidates, workers, bandwidth, latency, calibration, aggregation,
+        min_speedup: as for :func:`choose`.
 
     Returns:
       One :class:`Choice` per distinct dtype and shape, in first-seen order.
       Each one's ``candidates`` holds the marginal seconds the greedy pass
       measured; ``seconds`` is the winner's among them.
     """
+    min_speedup = min_speedup_value(min_speedup)
     specs = [(tf.TensorShape(shape), tf.as_dtype(dtype)) for shape, dtype in specs]
     options = dict(
         workers=workers,
@@ -354,7 +433,9 @@ def choose_all(
         key = shape_key(shape, dtype)
         if key not in greedy:
             shared = {c.label for c in greedy.values()}
-            greedy[key] = choose(shape, dtype, candidates, shared=shared, **options)
+            greedy[key] = choose(
+                shape, dtype, candidates, shared=shared, min_speedup=min_speedup, **options
+            )
     plans = {NONE: {key: NONE for key in greedy}, "greedy": {k: c.label for k, c in greedy.items()}}
     for label in candidates:
         if label != NONE:
@@ -364,7 +445,15 @@ def choose_all(
     totals = {
         name: plan_seconds(specs, plan, candidates, **options) for name, plan in plans.items()
     }
-    best = min(plans, key=lambda name: (totals[name], list(plans).index(name)))
+    compressed = [name for name in plans if name != NONE]
+    best = min(compressed, key=lambda name: (totals[name], compressed.index(name)))
+    # The margin is on the whole aggregation, as the user times it: the exact
+    # all-reduce's latency, paid under any plan, counts on both sides.
+    anyway = alpha_beta.ring_all_reduce_seconds(
+        0, workers, link_rate(bandwidth, "bandwidth"), latency_seconds(latency, "latency")
+    )
+    if not _pays(totals[best] + anyway, totals[NONE] + anyway, min_speedup):
+        best = NONE
     return [
         dataclasses.replace(c, label=plans[best][key], seconds=c.candidates[plans[best][key]])
         for key, c in greedy.items()
