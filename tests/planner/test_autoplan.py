@@ -224,6 +224,9 @@ def test_the_whole_list_plan_is_never_predicted_slower_than_one_candidate_for_al
     assert totals[("fp16", "fp16")] == min(totals.values())
     # The choices keep the greedy pass's marginal seconds of every candidate.
     assert whole[0].seconds == whole[0].candidates["fp16"]
+    # The margin is the whole plan's (1.5 by default): a plan that clears it is the
+    # plan of least time, the same as with no margin.
+    assert choose_all(specs, candidates, min_speedup=1, **args) == whole
 
 
 def test_the_whole_list_plan_keeps_everything_exact_when_nothing_pays():

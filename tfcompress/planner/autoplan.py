@@ -37,6 +37,8 @@ the words of the cost model (:mod:`~tfcompress.planner.cost`):
    tensor ahead of the large ones cannot pay a compressor's latency and the
    greedy pass would leave it, and the ones after it, exact. Shapes first
    seen later are planned one by one.
+   (Its greedy pass takes each shape's least marginal seconds without the
+   margin; the margin is the whole plan's.)
    ``min_speedup`` (:data:`DEFAULT_MIN_SPEEDUP`, 1.5) is the margin a lossy
    choice must clear: the model's compressed predictions err mostly on the
    fast side (compute under contention, small-message stalls: docs/PLANNER.md
@@ -433,9 +435,10 @@ def choose_all(
         key = shape_key(shape, dtype)
         if key not in greedy:
             shared = {c.label for c in greedy.values()}
-            greedy[key] = choose(
-                shape, dtype, candidates, shared=shared, min_speedup=min_speedup, **options
-            )
+            # The least marginal seconds per shape (no margin): the margin is
+            # the whole plan's, below; per shape it would leave a few tensors
+            # exact that the whole plan gains from.
+            greedy[key] = choose(shape, dtype, candidates, shared=shared, min_speedup=1, **options)
     plans = {NONE: {key: NONE for key in greedy}, "greedy": {k: c.label for k, c in greedy.items()}}
     for label in candidates:
         if label != NONE:
