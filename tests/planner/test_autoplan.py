@@ -226,7 +226,10 @@ def test_the_whole_list_plan_is_never_predicted_slower_than_one_candidate_for_al
     assert whole[0].seconds == whole[0].candidates["fp16"]
     # The margin is the whole plan's (1.5 by default): a plan that clears it is the
     # plan of least time, the same as with no margin.
-    assert choose_all(specs, candidates, min_speedup=1, **args) == whole
+    no_margin = choose_all(specs, candidates, min_speedup=1, **args)
+    assert [(c.key, c.label, c.seconds) for c in no_margin] == [
+        (c.key, c.label, c.seconds) for c in whole
+    ]
 
 
 def test_the_whole_list_plan_keeps_everything_exact_when_nothing_pays():
@@ -280,7 +283,12 @@ def test_the_whole_list_plan_needs_min_speedup_over_uncompressed():
     specs = [((1000, 1000), "float32")] * 3
     candidates = {"none": None, "fp16": FP16()}
     args = dict(calibration=assumed_calibration(), **MARGINAL)
-    assert [c.label for c in choose_all(specs, candidates, **args)] == ["none"]
+    rejected = choose_all(specs, candidates, **args)
+    assert [c.label for c in rejected] == ["none"]
+    assert rejected[0].min_speedup == 1.5
+    assert "the whole plan (greedy) predicted 1.35x faster, under min_speedup 1.5" in (
+        rejected[0].text()
+    )
     # Three tensors in one pack share its latency: 68.6 ms against 50.4 ms; the exact
     # all-reduce's 2 (N-1) alpha = 2 ms runs under either plan and counts on both sides
     # of the margin: 70.6 / 52.4 = 1.35x, so 1.3 compresses and 1.36 does not.

@@ -32,13 +32,14 @@ the words of the cost model (:mod:`~tfcompress.planner.cost`):
    At the first aggregation the strategy hands the whole gradient list to
    :func:`choose_all`, which keeps the greedy plan only when its predicted
    total (:func:`plan_seconds`) beats every uniform plan (one candidate for
-   every tensor), and keeps the best of them only when it is predicted at
-   least ``min_speedup`` times faster than uncompressed: alone, a small
-   tensor ahead of the large ones cannot pay a compressor's latency and the
-   greedy pass would leave it, and the ones after it, exact. Shapes first
-   seen later are planned one by one.
-   (Its greedy pass takes each shape's least marginal seconds without the
-   margin; the margin is the whole plan's.)
+   every tensor): alone, a small tensor ahead of the large ones cannot pay a
+   compressor's latency and the greedy pass would leave it, and the ones
+   after it, exact. Shapes first seen later are planned one by one.
+3. **The margin.** The plan of least predicted time is kept only if it makes
+   the whole aggregation predicted at least ``min_speedup`` times faster
+   than uncompressed (else every tensor stays exact); a shape planned on its
+   own needs the same of its marginal seconds. (The whole-list plan's
+   greedy pass takes each shape's least marginal seconds without it.)
    ``min_speedup`` (:data:`DEFAULT_MIN_SPEEDUP`, 1.5) is the margin a lossy
    choice must clear: the model's compressed predictions err mostly on the
    fast side (compute under contention, small-message stalls: docs/PLANNER.md
@@ -48,7 +49,7 @@ the words of the cost model (:mod:`~tfcompress.planner.cost`):
    would cost fidelity for nothing.
    Tensors the policy never compresses (below ``min_size``, not float) are
    not planned: they travel exactly under any choice.
-3. **The plan** (:class:`Plan`): each shape's :class:`Choice` (winner,
+4. **The plan** (:class:`Plan`): each shape's :class:`Choice` (winner,
    its predicted seconds, uncompressed's, every candidate's), logged once per
    shape and readable with ``tfcompress.distribute.auto.plan_of(strategy)``.
    The strategy routes through :class:`tfcompress.distribute.CompressionRules`
@@ -223,6 +224,8 @@ class Choice:
       candidates: every candidate's seconds, by label (``inf``: it cannot
         take this tensor).
       min_speedup: the speed-up over ``none`` a compressed winner needed.
+      note: why ``none`` won when the whole-list plan fell under the margin
+        (``""`` otherwise).
     """
 
     key: str
@@ -231,6 +234,7 @@ class Choice:
     none_seconds: float
     candidates: Mapping[str, float]
     min_speedup: float = 1.0
+    note: str = ""
 
     def text(self) -> str:
         """One line for the log: winner, its seconds and uncompressed's, and why."""
@@ -240,6 +244,8 @@ class Choice:
                 if self.seconds > 0
                 else "no cost"
             )
+        elif self.note:
+            why = self.note
         else:
             best = _best_compressed(self.candidates)
             seconds = math.inf if best is None else self.candidates[best]
@@ -455,10 +461,23 @@ def choose_all(
     anyway = alpha_beta.ring_all_reduce_seconds(
         0, workers, link_rate(bandwidth, "bandwidth"), latency_seconds(latency, "latency")
     )
+    note = ""
     if not _pays(totals[best] + anyway, totals[NONE] + anyway, min_speedup):
+        if totals[best] < totals[NONE]:
+            speedup = (totals[NONE] + anyway) / (totals[best] + anyway)
+            note = (
+                f"the whole plan ({best}) predicted {speedup:.2f}x faster, "
+                f"under min_speedup {min_speedup:g}"
+            )
         best = NONE
     return [
-        dataclasses.replace(c, label=plans[best][key], seconds=c.candidates[plans[best][key]])
+        dataclasses.replace(
+            c,
+            label=plans[best][key],
+            seconds=c.candidates[plans[best][key]],
+            min_speedup=min_speedup,
+            note=note,
+        )
         for key, c in greedy.items()
     ]
 
