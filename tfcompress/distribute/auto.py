@@ -261,6 +261,34 @@ class AutoRules(CompressionRules):
         return f"auto(accuracy={self.options.accuracy!r}, min_speedup={self.options.min_speedup:g})"
 
 
+def _chained_gathers(strategy, chain: int):
+    """A ``tf.function`` of ``chain`` dependent all-gathers of its input on every local replica.
+
+    The transport's own gather (one collective per call, on each local
+    replica's launcher), not the replica context's all_gather, which gathers
+    the shapes first: two collectives, twice the latency. Each gather takes
+    the previous one's first row (a data dependency). In a function, traced
+    once per size: eager collectives retrace every call. :func:`probe_link`
+    times these (docs/bench/planner-validation/steps.py too).
+    """
+    ops = internal.cross_device_ops_of(strategy)
+    devices = internal.devices_of(ops)
+    options = tf.distribute.experimental.CommunicationOptions()
+
+    @tf.function(autograph=False)
+    def gather(x):
+        results = []
+        for replica, device in enumerate(devices):
+            with tf.device(device):
+                local = tf.identity(x)
+                for _ in range(chain):
+                    local = internal.launcher_all_gather(ops, replica, local, options)[:1]
+            results.append(local)
+        return results
+
+    return gather
+
+
 def plan_of(strategy) -> Plan | None:
     """The ``"auto"`` plan of a tfcompress strategy so far (``None``: not ``"auto"``)."""
     # The handle as tfcompress.distribute.handle_of finds it (strategy.py imports this module).
@@ -303,28 +331,9 @@ def probe_link(strategy) -> tuple[float, float]:
     every collective).
     """
     n = strategy.num_replicas_in_sync
-    # The transport's own gather (one collective per call, on each local
-    # replica's launcher), not the replica context's all_gather, which
-    # gathers the shapes first: two collectives, twice the latency.
-    ops = internal.cross_device_ops_of(strategy)
-    devices = internal.devices_of(ops)
-    options = tf.distribute.experimental.CommunicationOptions()
 
     def probe(chain: int):
-        @tf.function(autograph=False)
-        def gather(x):
-            # In a function, traced once per size: eager collectives retrace every call.
-            results = []
-            for replica, device in enumerate(devices):
-                with tf.device(device):
-                    local = tf.identity(x)
-                    for _ in range(chain):
-                        # The next gather takes this one's first row: a data dependency.
-                        local = internal.launcher_all_gather(ops, replica, local, options)[:1]
-                results.append(local)
-            return results
-
-        return gather
+        return _chained_gathers(strategy, chain)
 
     def median_time(function, value) -> float:
         function(value)  # untimed: tracing, first use

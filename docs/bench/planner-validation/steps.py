@@ -18,17 +18,14 @@ import time
 import tensorflow as tf
 
 import tfcompress
-from tfcompress import _internal as internal
 from tfcompress.advise import model_shape_list
 from tfcompress.bench.aggregate.rows import AGGREGATIONS, make_compressor
+from tfcompress.distribute.auto import _chained_gathers
 
 strategy = tfcompress.distribute.MultiWorkerMirroredStrategy(compression=None)
 task = strategy.cluster_resolver.task_id
 shapes = model_shape_list("resnet20")
 grads = [tf.random.stateless_normal(s, seed=[task, i]) * 1e-2 for i, s in enumerate(shapes)]
-ops = internal.cross_device_ops_of(strategy)
-devices = internal.devices_of(ops)
-options = tf.distribute.experimental.CommunicationOptions()
 
 
 def barrier():
@@ -51,18 +48,8 @@ def timeit(name, function, args, repeats=9):
 
 
 def gathers(chain):
-    @tf.function(autograph=False)
-    def gather(x):
-        results = []
-        for replica, device in enumerate(devices):
-            with tf.device(device):
-                local = tf.identity(x)
-                for _ in range(chain):
-                    local = internal.launcher_all_gather(ops, replica, local, options)[:1]
-            results.append(local)
-        return results
-
-    return gather
+    # The link probe's own functions (tfcompress.distribute.auto.probe_link).
+    return _chained_gathers(strategy, chain)
 
 
 def step(collective):
